@@ -1,0 +1,143 @@
+// Argument validation shared by every backend.
+//
+// Each check runs before any kernel and throws std::invalid_argument with a
+// short message naming the offending argument and what was expected. The
+// Python fake kernels (src/lltm/ops.py) raise the same messages, so eager and
+// torch.compile runs fail alike.
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace lltm {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+inline std::string shape_str(const Tensor& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int64_t d = 0; d < t.dim(); ++d) s << (d ? ", " : "") << t.size(d);
+  s << (t.dim() == 1 ? ",)" : ")");
+  return s.str();
+}
+
+inline std::string dtype_str(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::Double: return "torch.float64";
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    default: return "a non-floating dtype (code " + std::to_string(static_cast<int>(t)) + ")";
+  }
+}
+
+[[noreturn]] inline void fail(const std::string& message) {
+  throw std::invalid_argument("lltm: " + message);
+}
+
+inline bool is_supported_dtype(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::Double ||
+         t == ScalarType::Half || t == ScalarType::BFloat16;
+}
+
+// `expected` spells the expected shape, e.g. "(batch, state_size)".
+inline void check_matrix(const Tensor& t, const char* name, int64_t rows,
+                         int64_t cols, const char* expected) {
+  if (t.dim() != 2 || t.size(0) != rows || t.size(1) != cols) {
+    std::ostringstream s;
+    s << name << " must have shape " << expected << " = (" << rows << ", "
+      << cols << "), got " << shape_str(t);
+    fail(s.str());
+  }
+}
+
+// dtype and device of every tensor must match those of `first`.
+inline void check_same_dtype_and_device(const Tensor& first,
+                                        const char* first_name,
+                                        const Tensor& t, const char* name) {
+  if (t.scalar_type() != first.scalar_type()) {
+    fail(std::string(name) + " has dtype " + dtype_str(t.scalar_type()) +
+         " but " + first_name + " has " + dtype_str(first.scalar_type()) +
+         "; all arguments must share one floating dtype");
+  }
+  if (!(t.device() == first.device())) {
+    fail(std::string(name) + " is on another device than " + first_name +
+         "; all arguments must be on one device");
+  }
+}
+
+// Returns (batch, input_features, state_size).
+struct Sizes {
+  int64_t batch, features, state;
+};
+
+inline Sizes check_forward_args(const Tensor& input, const Tensor& weights,
+                                const Tensor& bias, const Tensor& old_h,
+                                const Tensor& old_cell) {
+  if (!is_supported_dtype(input.scalar_type())) {
+    fail("input has dtype " + dtype_str(input.scalar_type()) +
+         "; expected torch.float32, torch.float64, torch.float16 or "
+         "torch.bfloat16");
+  }
+  check_same_dtype_and_device(input, "input", weights, "weights");
+  check_same_dtype_and_device(input, "input", bias, "bias");
+  check_same_dtype_and_device(input, "input", old_h, "old_h");
+  check_same_dtype_and_device(input, "input", old_cell, "old_cell");
+  if (input.dim() != 2) {
+    fail("input must be 2-D (batch, input_features), got shape " +
+         shape_str(input));
+  }
+  if (old_h.dim() != 2) {
+    fail("old_h must be 2-D (batch, state_size), got shape " +
+         shape_str(old_h));
+  }
+  const Sizes n{input.size(0), input.size(1), old_h.size(1)};
+  check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
+  check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)");
+  check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
+               "(3 * state_size, state_size + input_features)");
+  if (bias.dim() != 1 || bias.size(0) != 3 * n.state) {
+    std::ostringstream s;
+    s << "bias must have shape (3 * state_size,) = (" << 3 * n.state
+      << ",), got " << shape_str(bias);
+    fail(s.str());
+  }
+  return n;
+}
+
+inline Sizes check_backward_args(const Tensor& grad_h, const Tensor& grad_cell,
+                                 const Tensor& new_cell, const Tensor& gates,
+                                 const Tensor& input, const Tensor& old_h,
+                                 const Tensor& weights) {
+  if (!is_supported_dtype(input.scalar_type())) {
+    fail("input has dtype " + dtype_str(input.scalar_type()) +
+         "; expected a floating dtype");
+  }
+  check_same_dtype_and_device(input, "input", grad_h, "grad_h");
+  check_same_dtype_and_device(input, "input", grad_cell, "grad_cell");
+  check_same_dtype_and_device(input, "input", new_cell, "new_cell");
+  check_same_dtype_and_device(input, "input", gates, "gates");
+  check_same_dtype_and_device(input, "input", old_h, "old_h");
+  check_same_dtype_and_device(input, "input", weights, "weights");
+  if (input.dim() != 2 || old_h.dim() != 2) {
+    fail("input and old_h must be 2-D, got shapes " + shape_str(input) +
+         " and " + shape_str(old_h));
+  }
+  const Sizes n{input.size(0), input.size(1), old_h.size(1)};
+  check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
+  check_matrix(grad_h, "grad_h", n.batch, n.state, "(batch, state_size)");
+  check_matrix(grad_cell, "grad_cell", n.batch, n.state, "(batch, state_size)");
+  check_matrix(new_cell, "new_cell", n.batch, n.state, "(batch, state_size)");
+  check_matrix(gates, "gates", n.batch, 3 * n.state, "(batch, 3 * state_size)");
+  check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
+               "(3 * state_size, state_size + input_features)");
+  return n;
+}
+
+}  // namespace lltm

@@ -1,0 +1,23 @@
+// The one place where lltm's operator schemas are declared.
+//
+// Backends (csrc/cpu, csrc/cuda) only provide implementations of these
+// schemas with STABLE_TORCH_LIBRARY_IMPL; Python (src/lltm/ops.py) adds the
+// autograd formula and the fake (meta) kernels through torch.library.
+#include <torch/csrc/stable/library.h>
+
+STABLE_TORCH_LIBRARY(lltm, m) {
+  // One LLTM step. `gates` holds the activated gates [input | output |
+  // candidate] (batch, 3 * state): everything backward needs besides the
+  // inputs, since the derivatives of sigmoid, elu and tanh are functions of
+  // their outputs. It is an implementation detail, not differentiable.
+  m.def(
+      "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
+      "Tensor old_cell) -> (Tensor new_h, Tensor new_cell, Tensor gates)");
+  // Gradients of one step with respect to (input, weights, bias, old_h,
+  // old_cell), given the upstream gradients of new_h and new_cell.
+  m.def(
+      "backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, "
+      "Tensor gates, Tensor input, Tensor old_h, Tensor weights) -> "
+      "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
+      "Tensor grad_old_h, Tensor grad_old_cell)");
+}

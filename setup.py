@@ -1,0 +1,165 @@
+"""Build script: the one place that decides which variant of lltm is built.
+
+    LLTM_VARIANT=cpu  (default)  ->  distribution ``lltm``: the Python package
+                                     and the CPU library lltm/_C (op schemas +
+                                     CPU kernels).
+    LLTM_VARIANT=cuda            ->  distribution ``lltm-cuda<major>``: the
+                                     import package lltm_cuda<major> holding
+                                     only the CUDA kernels, named after the
+                                     CUDA toolkit found, pinned to this exact
+                                     lltm version.
+
+Both variants are built against the LibTorch stable ABI with
+TORCH_TARGET_VERSION = torch 2.10 and the CPython limited API, so a single
+cp310-abi3 wheel per platform serves every CPython >= 3.10 and torch >= 2.10.
+The choice never depends on torch.cuda.is_available(): build machines have
+no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+ROOT = Path(__file__).parent.resolve()
+VERSION = re.search(
+    r'__version__ = "([^"]+)"', (ROOT / "src/lltm/_version.py").read_text()
+).group(1)
+VARIANT = os.environ.get("LLTM_VARIANT", "cpu").strip().lower()
+
+# Oldest torch the binaries must load in (0xMMmmpp...: 2.10.0).
+TORCH_TARGET_VERSION = "0x020a000000000000"
+PY_LIMITED_API = "0x030A0000"  # CPython 3.10
+
+# GPUs compiled for when TORCH_CUDA_ARCH_LIST is unset: Volta/Turing to
+# Blackwell, plus PTX of the newest for GPUs yet to come. CUDA 13 dropped
+# everything before Turing (sm_75).
+DEFAULT_ARCH_LIST = {
+    12: "7.0;7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX",
+    13: "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX",
+}
+
+MACROS = [
+    ("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION),
+    ("Py_LIMITED_API", PY_LIMITED_API),
+]
+CXX_FLAGS = ["-O3", "-std=c++17", "-fdiagnostics-color=always"]
+WHEEL_OPTIONS = {"bdist_wheel": {"py_limited_api": "cp310"}}
+CLASSIFIERS = [
+    "Programming Language :: Python :: 3",
+    "Programming Language :: C++",
+    "Intended Audience :: Science/Research",
+    "Topic :: Scientific/Engineering :: Artificial Intelligence",
+]
+
+
+def readme() -> str:
+    return (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def cpu_variant() -> dict:
+    ext = cpp_extension.CppExtension(
+        "lltm._C",
+        sources=["csrc/lltm_ops.cpp", "csrc/cpu/lltm_cpu.cpp", "csrc/cpu/module.cpp"],
+        define_macros=MACROS,
+        extra_compile_args={"cxx": CXX_FLAGS},
+        py_limited_api=True,
+    )
+    return dict(
+        name="lltm",
+        description="The LLTM recurrent cell as a fused, stable-ABI PyTorch operator",
+        packages=["lltm"],
+        package_dir={"": "src"},
+        package_data={"lltm": ["py.typed"]},
+        ext_modules=[ext],
+        install_requires=["torch>=2.10"],
+        extras_require={
+            "cuda": [f"lltm-cuda13=={VERSION}"],
+            "cuda12": [f"lltm-cuda12=={VERSION}"],
+            "cuda13": [f"lltm-cuda13=={VERSION}"],
+            "bench": ["rich>=13", "matplotlib>=3.7"],
+        },
+        entry_points={"console_scripts": ["lltm=lltm.__main__:main"]},
+    )
+
+
+def cuda_toolkit_major() -> int:
+    """CUDA major version of the toolkit torch's build helpers will use."""
+    cuda_home = cpp_extension.CUDA_HOME
+    if cuda_home is None:
+        raise SystemExit(
+            "LLTM_VARIANT=cuda: no CUDA toolkit found. Install nvcc and set "
+            "CUDA_HOME (e.g. export CUDA_HOME=/usr/local/cuda); the build also "
+            "needs a CUDA build of torch (torch.version.cuda is "
+            f"{_torch_cuda_version()!r} here)."
+        )
+    nvcc = Path(cuda_home) / "bin" / "nvcc"
+    out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=True)
+    match = re.search(r"release (\d+)\.(\d+)", out.stdout)
+    if match is None:
+        raise SystemExit(f"cannot read the CUDA version from {nvcc} --version")
+    return int(match.group(1))
+
+
+def _torch_cuda_version() -> str | None:
+    import torch
+
+    return torch.version.cuda
+
+
+def cuda_variant() -> dict:
+    major = cuda_toolkit_major()
+    if major not in DEFAULT_ARCH_LIST:
+        raise SystemExit(f"CUDA {major}.x is not supported; use CUDA 12 or 13")
+    torch_cuda = _torch_cuda_version()
+    if torch_cuda is None or int(torch_cuda.split(".")[0]) != major:
+        raise SystemExit(
+            f"LLTM_VARIANT=cuda: the CUDA toolkit is {major}.x but torch was built "
+            f"with CUDA {torch_cuda}; install a torch built for CUDA {major}.x"
+        )
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST[major])
+    package = f"lltm_cuda{major}"
+    ext = cpp_extension.CUDAExtension(
+        f"{package}._C",
+        sources=["csrc/cuda/lltm_cuda.cu", "csrc/cuda/module.cpp"],
+        # USE_CUDA exposes the CUDA part of torch's C shim (current stream).
+        define_macros=[*MACROS, ("USE_CUDA", None), ("LLTM_CUDA_MAJOR", str(major))],
+        extra_compile_args={
+            "cxx": CXX_FLAGS,
+            "nvcc": ["-O3", "-std=c++17", "-lineinfo"],
+        },
+        py_limited_api=True,
+    )
+    return dict(
+        name=f"lltm-cuda{major}",
+        description=f"CUDA {major}.x kernels for lltm (install with: pip install lltm[cuda])",
+        packages=[package],
+        package_dir={package: "src/lltm_cuda"},
+        ext_modules=[ext],
+        install_requires=[f"lltm=={VERSION}"],
+    )
+
+
+VARIANTS = {"cpu": cpu_variant, "cuda": cuda_variant}
+if VARIANT not in VARIANTS:
+    raise SystemExit(f"LLTM_VARIANT must be one of {sorted(VARIANTS)}, got {VARIANT!r}")
+
+setup(
+    version=VERSION,
+    long_description=readme(),
+    long_description_content_type="text/markdown",
+    author="The lltm developers",
+    license="BSD-3-Clause",
+    url="https://github.com/lltm/lltm",
+    python_requires=">=3.10",
+    classifiers=CLASSIFIERS,
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    options=WHEEL_OPTIONS,
+    zip_safe=False,
+    **VARIANTS[VARIANT](),
+)

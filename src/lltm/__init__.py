@@ -1,0 +1,17 @@
+"""lltm: the LLTM recurrent cell as a fused, stable-ABI PyTorch operator.
+
+>>> import torch, lltm
+>>> rnn = lltm.LLTM(input_features=32, state_size=128)
+>>> x, h, c = torch.randn(16, 32), torch.randn(16, 128), torch.randn(16, 128)
+>>> new_h, new_c = rnn(x, (h, c))
+"""
+
+from __future__ import annotations
+
+from . import _backends  # noqa: F401  (loads the CUDA plugin, registers fallbacks)
+from . import ops, reference
+from ._version import __version__
+from .functional import lltm_cell
+from .module import LLTM
+
+__all__ = ["LLTM", "__version__", "lltm_cell", "ops", "reference"]

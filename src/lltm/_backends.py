@@ -1,0 +1,168 @@
+"""Which kernels serve which device, and why.
+
+lltm always has its CPU kernels (lltm._C). CUDA kernels live in a separate
+distribution, ``lltm-cuda<major>``, whose import package ``lltm_cuda<major>``
+registers them when imported. At ``import lltm`` this module:
+
+1. imports the plugin matching torch's CUDA major version, if it is there and
+   usable, and records why not otherwise (never raising: ``import lltm`` must
+   work whatever is installed);
+2. registers the composite kernel (lltm/_composite.py) as the default for all
+   devices. Native kernels are more specific dispatch entries and win where
+   they exist; elsewhere (CUDA without the plugin, MPS, XPU, ...) the op still
+   runs on the tensors' own device, after one warning that says why and what
+   fixes it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from . import _composite
+from ._version import __version__
+
+SUPPORTED_CUDA_MAJORS = (12, 13)
+
+
+@dataclass(frozen=True)
+class PluginStatus:
+    """Outcome of looking for the CUDA plugin at import time."""
+
+    loaded: bool
+    """True when the plugin's CUDA kernels are registered with torch."""
+    module: str | None
+    """Import name of the plugin found (``lltm_cuda13``), or None."""
+    reason: str
+    """One sentence: what was found and why the kernels are (not) active."""
+    fix: str | None
+    """What the user can do about it, when there is something to do."""
+
+
+def _installed_plugins() -> list[str]:
+    return [
+        f"lltm_cuda{major}"
+        for major in SUPPORTED_CUDA_MAJORS
+        if importlib.util.find_spec(f"lltm_cuda{major}") is not None
+    ]
+
+
+def _find_and_load_plugin() -> PluginStatus:
+    installed = _installed_plugins()
+    torch_cuda = torch.version.cuda
+    if torch_cuda is None:
+        found = f"{', '.join(installed)} is installed but " if installed else ""
+        return PluginStatus(
+            loaded=False,
+            module=installed[0] if installed else None,
+            reason=f"{found}torch {torch.__version__} is a CPU-only build",
+            fix="install a CUDA build of torch, then: pip install 'lltm[cuda]'",
+        )
+    major = int(torch_cuda.split(".")[0])
+    wanted = f"lltm_cuda{major}"
+    extra = f"cuda{major}" if major in SUPPORTED_CUDA_MAJORS else "cuda"
+    if wanted not in installed:
+        if installed:
+            return PluginStatus(
+                loaded=False,
+                module=installed[0],
+                reason=(
+                    f"{', '.join(installed)} is installed, but torch {torch.__version__} "
+                    f"uses CUDA {torch_cuda}, which needs {wanted}"
+                ),
+                fix=f"pip install 'lltm[{extra}]'",
+            )
+        return PluginStatus(
+            loaded=False,
+            module=None,
+            reason=f"the CUDA kernels (lltm-cuda{major}) are not installed",
+            fix=f"pip install 'lltm[{extra}]'",
+        )
+    try:
+        plugin = importlib.import_module(wanted)
+    except Exception as error:  # noqa: BLE001 - any failure must leave lltm usable
+        return PluginStatus(
+            loaded=False,
+            module=wanted,
+            reason=f"{wanted} failed to load: {type(error).__name__}: {error}",
+            fix=f"reinstall it to match torch {torch.__version__}: pip install --force-reinstall 'lltm[{extra}]'",
+        )
+    plugin_version = getattr(plugin, "__version__", None)
+    if plugin_version != __version__:
+        # Loaded anyway: the schema is versioned by lltm, so say it loudly.
+        return PluginStatus(
+            loaded=True,
+            module=wanted,
+            reason=f"{wanted} {plugin_version} is loaded but lltm is {__version__}",
+            fix=f"pip install 'lltm[{extra}]=={__version__}'",
+        )
+    return PluginStatus(
+        loaded=True, module=wanted, reason=f"{wanted} {plugin_version} loaded", fix=None
+    )
+
+
+PLUGIN: PluginStatus = _find_and_load_plugin()
+if not PLUGIN.loaded and PLUGIN.module is not None:
+    # A plugin is installed yet unusable: say so once, at import.
+    warnings.warn(
+        f"lltm: CUDA kernels unavailable: {PLUGIN.reason}. Fix: {PLUGIN.fix}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def has_native_kernel(device_type: str, op: str = "lltm::forward") -> bool:
+    """True when a compiled lltm kernel is registered for ``device_type``."""
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type, device_type.upper())
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+    except (AttributeError, RuntimeError):  # private API; be conservative
+        return device_type == "cpu" or (device_type == "cuda" and PLUGIN.loaded)
+
+
+def cuda_status() -> tuple[bool, str]:
+    """(CUDA kernels usable now, explanation). Queries the driver: not at import."""
+    if not PLUGIN.loaded:
+        return False, f"{PLUGIN.reason}; CUDA tensors use the composite PyTorch path"
+    if not torch.cuda.is_available():
+        return False, f"{PLUGIN.reason}, but no CUDA device or driver is available"
+    return True, f"{PLUGIN.reason}; {torch.cuda.device_count()} CUDA device(s)"
+
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_composite(device: torch.device) -> None:
+    with _warn_lock:
+        if device.type in _warned:
+            return
+        _warned.add(device.type)
+    if device.type == "cuda":
+        why, fix = PLUGIN.reason, PLUGIN.fix or "pip install 'lltm[cuda]'"
+    else:
+        why, fix = f"lltm has no native {device.type} kernel", None
+    message = f"lltm: {why}; running the composite PyTorch implementation on {device.type}"
+    if fix:
+        message += f". For the fused kernels: {fix}"
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _forward_composite(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    _warn_composite(args[0].device)
+    return _composite.forward(*args)
+
+
+def _backward_composite(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return _composite.backward(*args)
+
+
+# device_types=None registers the CompositeExplicitAutograd entry: the kernel
+# for every device that has no native one of its own.
+torch.library.register_kernel("lltm::forward", None, _forward_composite)
+torch.library.register_kernel("lltm::backward", None, _backward_composite)

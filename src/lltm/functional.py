@@ -1,0 +1,27 @@
+"""Functional form of the LLTM cell, in the style of ``torch.nn.functional``."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from . import ops
+
+
+def lltm_cell(
+    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One step of the LLTM cell.
+
+    Args:
+        input: ``(batch, input_features)``.
+        weights: ``(3 * state_size, state_size + input_features)``; columns
+            ``[0, state_size)`` multiply ``old_h``, the rest ``input``.
+        bias: ``(3 * state_size,)``.
+        old_h, old_cell: ``(batch, state_size)``.
+
+    Returns:
+        ``(new_h, new_cell)``, each ``(batch, state_size)``. Differentiable with
+        respect to every argument; works under ``torch.compile``.
+    """
+    new_h, new_cell, _gates = ops.forward(input, weights, bias, old_h, old_cell)
+    return new_h, new_cell

@@ -1,0 +1,52 @@
+"""The LLTM cell in plain PyTorch: the oracle for tests and benchmarks.
+
+This is the Python implementation from PyTorch's "Custom C++ and CUDA
+Extensions" tutorial, kept deliberately naive: autograd differentiates it and
+it saves every intermediate, which is exactly what the fused kernels avoid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def lltm_cell(
+    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One LLTM step; returns ``(new_h, new_cell)``."""
+    X = torch.cat([old_h, input], dim=1)
+    gate_weights = F.linear(X, weights, bias)
+    gates = gate_weights.chunk(3, dim=1)
+    input_gate = torch.sigmoid(gates[0])
+    output_gate = torch.sigmoid(gates[1])
+    candidate_cell = F.elu(gates[2])
+    new_cell = old_cell + candidate_cell * input_gate
+    new_h = torch.tanh(new_cell) * output_gate
+    return new_h, new_cell
+
+
+class LLTM(torch.nn.Module):
+    """The tutorial's pure-PyTorch module, parameter for parameter."""
+
+    def __init__(self, input_features: int, state_size: int) -> None:
+        super().__init__()
+        self.input_features = input_features
+        self.state_size = state_size
+        # 3 * state_size for input gate, output gate and candidate cell gate.
+        # input_features + state_size because we will multiply with [input, h].
+        self.weights = torch.nn.Parameter(torch.empty(3 * state_size, input_features + state_size))
+        self.bias = torch.nn.Parameter(torch.empty(3 * state_size))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        stdv = 1.0 / math.sqrt(self.state_size)
+        for weight in self.parameters():
+            weight.data.uniform_(-stdv, +stdv)
+
+    def forward(self, input: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        old_h, old_cell = state
+        return lltm_cell(input, self.weights, self.bias, old_h, old_cell)
