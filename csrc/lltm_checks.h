@@ -27,13 +27,30 @@ inline std::string shape_str(const Tensor& t) {
   return s.str();
 }
 
+// The dtype as Python prints it, so that messages match the fake kernels'.
 inline std::string dtype_str(ScalarType t) {
   switch (t) {
     case ScalarType::Float: return "torch.float32";
     case ScalarType::Double: return "torch.float64";
     case ScalarType::Half: return "torch.float16";
+    case ScalarType::Byte: return "torch.uint8";
+    case ScalarType::Char: return "torch.int8";
+    case ScalarType::Short: return "torch.int16";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Long: return "torch.int64";
+    case ScalarType::ComplexHalf: return "torch.complex32";
+    case ScalarType::ComplexFloat: return "torch.complex64";
+    case ScalarType::ComplexDouble: return "torch.complex128";
     case ScalarType::BFloat16: return "torch.bfloat16";
-    default: return "a non-floating dtype (code " + std::to_string(static_cast<int>(t)) + ")";
+    case ScalarType::Bool: return "torch.bool";
+    case ScalarType::UInt16: return "torch.uint16";
+    case ScalarType::UInt32: return "torch.uint32";
+    case ScalarType::UInt64: return "torch.uint64";
+    case ScalarType::Float8_e5m2: return "torch.float8_e5m2";
+    case ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
+    case ScalarType::Float8_e5m2fnuz: return "torch.float8_e5m2fnuz";
+    case ScalarType::Float8_e4m3fnuz: return "torch.float8_e4m3fnuz";
+    default: return "an unsupported dtype (ScalarType " + std::to_string(static_cast<int>(t)) + ")";
   }
 }
 
@@ -41,9 +58,14 @@ inline std::string dtype_str(ScalarType t) {
   throw std::invalid_argument("lltm: " + message);
 }
 
-inline bool is_supported_dtype(ScalarType t) {
-  return t == ScalarType::Float || t == ScalarType::Double ||
-         t == ScalarType::Half || t == ScalarType::BFloat16;
+inline void check_supported_dtype(const Tensor& input) {
+  const ScalarType t = input.scalar_type();
+  if (!(t == ScalarType::Float || t == ScalarType::Double ||
+        t == ScalarType::Half || t == ScalarType::BFloat16)) {
+    fail("input has dtype " + dtype_str(t) +
+         "; expected torch.float32, torch.float64, torch.float16 or "
+         "torch.bfloat16");
+  }
 }
 
 // `expected` spells the expected shape, e.g. "(batch, state_size)".
@@ -80,11 +102,7 @@ struct Sizes {
 inline Sizes check_forward_args(const Tensor& input, const Tensor& weights,
                                 const Tensor& bias, const Tensor& old_h,
                                 const Tensor& old_cell) {
-  if (!is_supported_dtype(input.scalar_type())) {
-    fail("input has dtype " + dtype_str(input.scalar_type()) +
-         "; expected torch.float32, torch.float64, torch.float16 or "
-         "torch.bfloat16");
-  }
+  check_supported_dtype(input);
   check_same_dtype_and_device(input, "input", weights, "weights");
   check_same_dtype_and_device(input, "input", bias, "bias");
   check_same_dtype_and_device(input, "input", old_h, "old_h");
@@ -115,10 +133,7 @@ inline Sizes check_backward_args(const Tensor& grad_h, const Tensor& grad_cell,
                                  const Tensor& new_cell, const Tensor& gates,
                                  const Tensor& input, const Tensor& old_h,
                                  const Tensor& weights) {
-  if (!is_supported_dtype(input.scalar_type())) {
-    fail("input has dtype " + dtype_str(input.scalar_type()) +
-         "; expected a floating dtype");
-  }
+  check_supported_dtype(input);
   check_same_dtype_and_device(input, "input", grad_h, "grad_h");
   check_same_dtype_and_device(input, "input", grad_cell, "grad_cell");
   check_same_dtype_and_device(input, "input", new_cell, "new_cell");

@@ -8,8 +8,8 @@
 
 from __future__ import annotations
 
-from . import _backends  # noqa: F401  (loads the CUDA plugin, registers fallbacks)
-from . import ops, reference
+# _backends loads the CUDA plugin when usable and registers the fallback kernel.
+from . import _backends, ops, reference  # noqa: F401
 from ._version import __version__
 from .functional import lltm_cell
 from .module import LLTM

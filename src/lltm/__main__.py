@@ -12,7 +12,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="versions, ABI, registered kernels and CUDA status")
     commands.add_parser(
-        "bench", help="benchmark lltm against the reference (see: lltm bench --help)", add_help=False
+        "bench",
+        help="benchmark lltm against the reference (see: lltm bench --help)",
+        add_help=False,
     )
     args, rest = parser.parse_known_args(argv)
     if args.command == "info":

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .ops import check_forward_args
+from .ops import check_backward_args, check_forward_args
 
 
 def forward(
@@ -37,7 +37,7 @@ def backward(
     old_h: Tensor,
     weights: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    state = old_h.shape[1]
+    state = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights)[2]
     i, o, g = gates.chunk(3, dim=1)
     t = torch.tanh(new_cell)
     d_cell = grad_h * o * (1 - t * t) + grad_cell

@@ -23,5 +23,9 @@ def lltm_cell(
         ``(new_h, new_cell)``, each ``(batch, state_size)``. Differentiable with
         respect to every argument; works under ``torch.compile``.
     """
-    new_h, new_cell, _gates = ops.forward(input, weights, bias, old_h, old_cell)
+    args = (input, weights, bias, old_h, old_cell)
+    if not all(isinstance(t, Tensor) for t in args):
+        # The dispatcher's own message is long and names no expected type.
+        ops.check_forward_args(*args)  # raises a TypeError naming the argument
+    new_h, new_cell, _gates = ops.forward(*args)
     return new_h, new_cell

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import _backends, _C
+from . import _C, _backends
 from ._version import __version__
 
 
@@ -59,7 +59,10 @@ def render(info: dict[str, Any]) -> str:
         ("CPU threads", str(info["cpu_threads"])),
         *((f"kernel [{dev}]", how) for dev, how in info["kernels"].items()),
         ("CUDA plugin", info["cuda_plugin"] or "not installed"),
-        ("CUDA kernels", ("active: " if info["cuda_kernels_active"] else "inactive: ") + info["cuda_status"]),
+        (
+            "CUDA kernels",
+            ("active: " if info["cuda_kernels_active"] else "inactive: ") + info["cuda_status"],
+        ),
     ]
     if info["cuda_fix"]:
         rows.append(("to enable CUDA", info["cuda_fix"]))

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _C  # noqa: F401  (registers the operators)
+# Importing _C registers the operators.
+from . import _C, reference  # noqa: F401
 
 forward = torch.ops.lltm.forward.default
 backward = torch.ops.lltm.backward.default
@@ -47,18 +48,28 @@ def _check_matrix(t: Tensor, name: str, rows: Any, cols: Any, expected: str) -> 
         _fail(f"{name} must have shape {expected} = ({rows}, {cols}), got {_shape(t)}")
 
 
-def check_forward_args(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
-) -> tuple[Any, Any, Any]:
-    """Validates forward's arguments like the C++ kernels do; returns (B, F, S)."""
-    for name, t in (("input", input), ("weights", weights), ("bias", bias), ("old_h", old_h), ("old_cell", old_cell)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"lltm: {name} must be a Tensor, got {type(t).__name__}")
+def _check_supported_dtype(input: Tensor) -> None:
     if input.dtype not in _FLOATING:
         _fail(
             f"input has dtype {input.dtype}; expected torch.float32, torch.float64, "
             "torch.float16 or torch.bfloat16"
         )
+
+
+def check_forward_args(
+    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+) -> tuple[Any, Any, Any]:
+    """Validates forward's arguments like the C++ kernels do; returns (B, F, S)."""
+    for name, t in (
+        ("input", input),
+        ("weights", weights),
+        ("bias", bias),
+        ("old_h", old_h),
+        ("old_cell", old_cell),
+    ):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"lltm: {name} must be a Tensor, got {type(t).__name__}")
+    _check_supported_dtype(input)
     for name, t in (("weights", weights), ("bias", bias), ("old_h", old_h), ("old_cell", old_cell)):
         _check_same(input, "input", t, name)
     if input.dim() != 2:
@@ -69,10 +80,51 @@ def check_forward_args(
     _check_matrix(old_h, "old_h", batch, state, "(batch, state_size)")
     _check_matrix(old_cell, "old_cell", batch, state, "(batch, state_size)")
     _check_matrix(
-        weights, "weights", 3 * state, state + features, "(3 * state_size, state_size + input_features)"
+        weights,
+        "weights",
+        3 * state,
+        state + features,
+        "(3 * state_size, state_size + input_features)",
     )
     if bias.dim() != 1 or bias.shape[0] != 3 * state:
         _fail(f"bias must have shape (3 * state_size,) = ({3 * state},), got {_shape(bias)}")
+    return batch, features, state
+
+
+def check_backward_args(
+    grad_h: Tensor,
+    grad_cell: Tensor,
+    new_cell: Tensor,
+    gates: Tensor,
+    input: Tensor,
+    old_h: Tensor,
+    weights: Tensor,
+) -> tuple[Any, Any, Any]:
+    """Validates backward's arguments like the C++ kernels do; returns (B, F, S)."""
+    _check_supported_dtype(input)
+    others = {
+        "grad_h": grad_h,
+        "grad_cell": grad_cell,
+        "new_cell": new_cell,
+        "gates": gates,
+        "old_h": old_h,
+        "weights": weights,
+    }
+    for name, t in others.items():
+        _check_same(input, "input", t, name)
+    if input.dim() != 2 or old_h.dim() != 2:
+        _fail(f"input and old_h must be 2-D, got shapes {_shape(input)} and {_shape(old_h)}")
+    batch, features, state = input.shape[0], input.shape[1], old_h.shape[1]
+    for name in ("old_h", "grad_h", "grad_cell", "new_cell"):
+        _check_matrix(others[name], name, batch, state, "(batch, state_size)")
+    _check_matrix(gates, "gates", batch, 3 * state, "(batch, 3 * state_size)")
+    _check_matrix(
+        weights,
+        "weights",
+        3 * state,
+        state + features,
+        "(3 * state_size, state_size + input_features)",
+    )
     return batch, features, state
 
 
@@ -98,11 +150,9 @@ def _backward_fake(
     old_h: Tensor,
     weights: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    batch, features, state = input.shape[0], input.shape[1], old_h.shape[1]
-    for name, t in (("grad_h", grad_h), ("grad_cell", grad_cell), ("new_cell", new_cell)):
-        _check_same(input, "input", t, name)
-        _check_matrix(t, name, batch, state, "(batch, state_size)")
-    _check_matrix(gates, "gates", batch, 3 * state, "(batch, 3 * state_size)")
+    batch, features, state = check_backward_args(
+        grad_h, grad_cell, new_cell, gates, input, old_h, weights
+    )
     return (
         input.new_empty((batch, features)),
         weights.new_empty((3 * state, state + features)),
@@ -113,19 +163,41 @@ def _backward_fake(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
-    input, weights, _bias, old_h, _old_cell = inputs
     _new_h, new_cell, gates = output
     # `gates` only feeds backward: gradients flowing into it are not defined.
     ctx.mark_non_differentiable(gates)
-    ctx.save_for_backward(input, weights, old_h, new_cell, gates)
+    # All five inputs: double backward recomputes the step from them.
+    ctx.save_for_backward(*inputs, new_cell, gates)
 
 
 def _backward(
     ctx: Any, grad_h: Tensor, grad_cell: Tensor, _grad_gates: Tensor | None
 ) -> tuple[Tensor | None, ...]:
-    input, weights, old_h, new_cell, gates = ctx.saved_tensors
+    input, weights, bias, old_h, old_cell, new_cell, gates = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        # create_graph=True. lltm::backward has no derivative of its own:
+        # autograd would silently treat its result as a constant.
+        return _recomputed_backward(ctx, (input, weights, bias, old_h, old_cell), grad_h, grad_cell)
     grads = backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights)
-    return tuple(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad))
+    return tuple(
+        g if needed else None for g, needed in zip(grads, ctx.needs_input_grad, strict=True)
+    )
+
+
+def _recomputed_backward(
+    ctx: Any, inputs: tuple[Tensor, ...], grad_h: Tensor, grad_cell: Tensor
+) -> tuple[Tensor | None, ...]:
+    """Gradients that are themselves differentiable (double backward,
+    Hessian-vector products, gradient penalties), through a plain-PyTorch
+    recomputation of the step. Only used when create_graph=True."""
+    wanted = [t for t, needed in zip(inputs, ctx.needs_input_grad, strict=True) if needed]
+    new_h, new_cell = reference.lltm_cell(*inputs)
+    grads = iter(
+        torch.autograd.grad(
+            (new_h, new_cell), wanted, (grad_h, grad_cell), create_graph=True, allow_unused=True
+        )
+    )
+    return tuple(next(grads) if needed else None for needed in ctx.needs_input_grad)
 
 
 torch.library.register_autograd("lltm::forward", _backward, setup_context=_setup_context)

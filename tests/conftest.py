@@ -1,0 +1,101 @@
+"""Helpers shared by lltm's tests.
+
+Inputs are drawn from a seeded generator so every failure reproduces; the
+shapes follow the op's contract (see lltm.functional.lltm_cell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+from torch import Tensor
+
+ARG_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
+
+
+def input_shapes(batch: int, features: int, state: int) -> list[tuple[int, ...]]:
+    """Shapes of (input, weights, bias, old_h, old_cell)."""
+    return [
+        (batch, features),
+        (3 * state, state + features),
+        (3 * state,),
+        (batch, state),
+        (batch, state),
+    ]
+
+
+def make_inputs(
+    batch: int,
+    features: int,
+    state: int,
+    dtype: torch.dtype = torch.float64,
+    requires_grad: bool = False,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> list[Tensor]:
+    """(input, weights, bias, old_h, old_cell), standard normal, reproducible.
+
+    Values are drawn in float64 on the CPU and then converted, so the same seed
+    gives the same numbers (up to rounding) whatever the dtype and device.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(shape, generator=generator, dtype=torch.float64)
+        .to(device=device, dtype=dtype)
+        .requires_grad_(requires_grad)
+        for shape in input_shapes(batch, features, state)
+    ]
+
+
+def make_grad_outputs(new_h: Tensor, new_cell: Tensor, seed: int = 1) -> tuple[Tensor, Tensor]:
+    """Random upstream gradients for (new_h, new_cell): catches a swapped or
+    dropped gradient, which an all-ones cotangent (``.sum()``) can hide."""
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(
+        torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device, t.dtype)
+        for t in (new_h, new_cell)
+    )
+
+
+def run_cell(
+    cell: Callable[..., tuple[Tensor, Tensor]], inputs: Sequence[Tensor], seed: int = 1
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Forward and backward of ``cell`` on fresh leaf copies of ``inputs``.
+
+    Returns ``([new_h, new_cell], [grad of each input])``; the arguments given
+    are left untouched, so one input set can feed several cells.
+    """
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    outputs = cell(*leaves)
+    grads = torch.autograd.grad(outputs, leaves, make_grad_outputs(*outputs, seed=seed))
+    return [t.detach() for t in outputs], list(grads)
+
+
+def assert_all_close(
+    actual: Sequence[Tensor], expected: Sequence[Tensor], names: Sequence[str], **tol
+) -> None:
+    """torch.testing.assert_close over pairs, naming the pair that differs."""
+    for name, a, e in zip(names, actual, expected, strict=True):
+        torch.testing.assert_close(a, e, msg=lambda m, name=name: f"{name}: {m}", **tol)
+
+
+OUTPUT_NAMES = ("new_h", "new_cell")
+GRAD_NAMES = tuple(f"grad_{name}" for name in ARG_NAMES)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile caches and counters cleared before and after a test."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def restore_num_threads():
+    """Puts torch's intra-op thread count back after a test changes it."""
+    threads = torch.get_num_threads()
+    yield threads
+    torch.set_num_threads(threads)

@@ -1,0 +1,91 @@
+"""The built library targets the stable ABI, so one binary serves torch >= 2.10.
+
+A binary that references at:: or c10:: symbols is tied to the exact torch it
+was built with ("undefined symbol" after a torch upgrade); one that only uses
+torch's C shim is not. The CPython side is the limited API (abi3).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import lltm
+from lltm import _C
+
+LIBRARY = Path(_C.__file__)
+# C++ namespaces of torch's unstable ABI.
+UNSTABLE_NAMESPACES = ("at::", "c10::", "torch::", "caffe2::", "aten::")
+
+
+@pytest.mark.skipif(
+    sys.platform == "win32", reason="abi3 extensions on Windows are plain .pyd files"
+)
+def test_extension_filename_is_abi3():
+    assert LIBRARY.name.split(".")[-2] == "abi3", LIBRARY.name
+
+
+def test_target_version_is_torch_2_10():
+    assert _C.torch_target_version == "0x020a000000000000"
+
+
+def _undefined_symbols() -> list[str]:
+    if not sys.platform.startswith("linux"):
+        pytest.skip("checks ELF dynamic symbols (nm -D): Linux only")
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (GNU binutils) is not installed: cannot list the library's symbols")
+    result = subprocess.run(
+        [nm, "-DC", "--undefined-only", str(LIBRARY)], capture_output=True, text=True, check=True
+    )
+    # Lines look like "                 U aoti_torch_get_dim".
+    return [line.split(None, 1)[1] for line in result.stdout.splitlines() if line.strip()]
+
+
+def test_no_unstable_torch_symbols():
+    symbols = _undefined_symbols()
+    # The parse works: the library does use torch's C shim.
+    assert any(s.startswith("aoti_torch_") for s in symbols), symbols[:20]
+    unstable = [
+        s for s in symbols if s.startswith(UNSTABLE_NAMESPACES) or "c10::" in s or "at::" in s
+    ]
+    assert not unstable, "\n".join(unstable)
+
+
+def _lltm_command(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "lltm", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_info_command():
+    # "key  value" rows; keys may contain single spaces ("kernel [cpu]").
+    rows = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in _lltm_command("info").splitlines()
+    )
+    assert rows["stable ABI target"] == "torch >= 2.10"
+    assert rows["kernel [cpu]"] == "native"
+    assert rows["lltm"] == lltm.__version__
+    assert rows["torch"].startswith(torch.__version__)
+
+
+def test_info_json_command():
+    info = json.loads(_lltm_command("info", "--json"))
+    assert info["torch_abi_target"] == "2.10"
+    assert info["kernels"]["cpu"] == "native"
+    assert info["lltm"] == lltm.__version__
+    assert info["torch"] == torch.__version__
+    assert isinstance(info["cuda_kernels_active"], bool)

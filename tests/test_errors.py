@@ -1,0 +1,366 @@
+"""Bad arguments fail early with one short line that says what to fix.
+
+Every message starts with "lltm:", names the offending argument and what was
+expected. Eager kernels (C++), the fake kernels (Python: meta tensors,
+torch.compile) and the composite fallback kernel raise the very same message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_inputs
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import lltm
+from lltm import _composite
+
+B, F, S = 2, 3, 4
+
+
+def _with(**changes):
+    """Valid float64 (input, weights, bias, old_h, old_cell) with some replaced."""
+    args = dict(
+        zip(("input", "weights", "bias", "old_h", "old_cell"), make_inputs(B, F, S), strict=True)
+    )
+    args.update({name: change(args[name]) for name, change in changes.items()})
+    return list(args.values())
+
+
+# name: (arguments, regex that the message must start with after "lltm: ")
+FORWARD_CASES = {
+    "input_3d": (
+        _with(input=lambda t: t[None]),
+        r"input must be 2-D \(batch, input_features\), got shape \(1, 2, 3\)",
+    ),
+    "input_1d": (_with(input=lambda t: t[0]), r"input must be 2-D .*got shape \(3,\)"),
+    "old_h_1d": (
+        _with(old_h=lambda t: t[0]),
+        r"old_h must be 2-D \(batch, state_size\), got shape \(4,\)",
+    ),
+    "weights_features": (
+        _with(weights=lambda t: t[:, :-1]),
+        r"weights must have shape \(3 \* state_size, state_size \+ input_features\) = \(12, 7\), got \(12, 6\)",
+    ),
+    "weights_state": (
+        _with(weights=lambda t: t[:-3]),
+        r"weights must have shape .* = \(12, 7\), got \(9, 7\)",
+    ),
+    "weights_1d": (
+        _with(weights=lambda t: t.flatten()),
+        r"weights must have shape .* = \(12, 7\), got \(84,\)",
+    ),
+    "old_h_batch": (
+        _with(old_h=lambda t: t[:1]),
+        r"old_h must have shape \(batch, state_size\) = \(2, 4\), got \(1, 4\)",
+    ),
+    "old_cell_batch": (
+        _with(old_cell=lambda t: torch.cat([t, t])),
+        r"old_cell must have shape \(batch, state_size\) = \(2, 4\), got \(4, 4\)",
+    ),
+    "old_cell_state": (
+        _with(old_cell=lambda t: t[:, :3]),
+        r"old_cell must have shape .* = \(2, 4\), got \(2, 3\)",
+    ),
+    "bias_size": (
+        _with(bias=lambda t: t[:-1]),
+        r"bias must have shape \(3 \* state_size,\) = \(12,\), got \(11,\)",
+    ),
+    "bias_2d": (
+        _with(bias=lambda t: t[None]),
+        r"bias must have shape \(3 \* state_size,\) = \(12,\), got \(1, 12\)",
+    ),
+    "weights_dtype": (
+        _with(weights=lambda t: t.float()),
+        r"weights has dtype torch\.float32 but input has torch\.float64; all arguments must share one floating dtype",
+    ),
+    "old_cell_dtype": (
+        _with(old_cell=lambda t: t.half()),
+        r"old_cell has dtype torch\.float16 but input has torch\.float64",
+    ),
+    "input_int64": (
+        [t.long() for t in make_inputs(B, F, S)],
+        r"input has dtype torch\.int64; expected torch\.float32, torch\.float64, torch\.float16 or torch\.bfloat16",
+    ),
+    "input_int32": (
+        _with(input=lambda t: t.int()),
+        r"input has dtype torch\.int32; expected torch\.float32",
+    ),
+    "input_bool": (_with(input=lambda t: t > 0), r"input has dtype torch\.bool; expected"),
+    "input_float8": (
+        [t.to(torch.float8_e4m3fn) for t in make_inputs(B, F, S)],
+        r"input has dtype torch\.float8_e4m3fn; expected",
+    ),
+    "input_complex": (
+        [t.to(torch.complex64) for t in make_inputs(B, F, S)],
+        r"input has dtype torch\.complex64; expected",
+    ),
+    "bias_int": (
+        _with(bias=lambda t: t.int()),
+        r"bias has dtype torch\.int32 but input has torch\.float64",
+    ),
+    "weights_meta": (
+        _with(weights=lambda t: t.to("meta")),
+        r"weights is on another device than input",
+    ),
+    "input_meta": (_with(input=lambda t: t.to("meta")), r"weights is on another device than input"),
+    "old_cell_meta": (
+        _with(old_cell=lambda t: t.to("meta")),
+        r"old_cell is on another device than input",
+    ),
+}
+
+
+def _assert_lltm_error(error: BaseException, pattern: str) -> None:
+    message = str(error)
+    assert isinstance(error, ValueError), f"{type(error).__name__}: {message}"
+    assert message.startswith("lltm: "), message
+    assert "\n" not in message and len(message) < 200, message
+    assert re.match(pattern, message[len("lltm: ") :]), message
+
+
+def _eager_message(op, args) -> str:
+    with pytest.raises(ValueError) as info:
+        op(*args)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("case", FORWARD_CASES)
+@pytest.mark.parametrize("call", ["functional", "op", "composite"])
+def test_forward_errors(case, call):
+    args, pattern = FORWARD_CASES[case]
+    fn = {
+        "functional": lltm.lltm_cell,
+        "op": torch.ops.lltm.forward,
+        "composite": _composite.forward,
+    }[call]
+    with pytest.raises(ValueError) as info:
+        fn(*args)
+    _assert_lltm_error(info.value, pattern)
+
+
+def test_module_reports_the_same_errors():
+    rnn = lltm.LLTM(F, S).double()
+    x, _, _, h, c = make_inputs(B, F + 1, S)
+    with pytest.raises(
+        ValueError, match=r"^lltm: weights must have shape .* = \(12, 8\), got \(12, 7\)$"
+    ):
+        rnn(x, (h, c))
+    x, _, _, h, c = make_inputs(B, F, S)
+    with pytest.raises(
+        ValueError, match=r"^lltm: weights has dtype torch\.float64 but input has torch\.float32"
+    ):
+        rnn(x.float(), (h.float(), c.float()))
+
+
+@pytest.mark.parametrize("position", range(5))
+def test_non_tensor_argument(position):
+    args = make_inputs(B, F, S)
+    name = ("input", "weights", "bias", "old_h", "old_cell")[position]
+    args[position] = args[position].tolist()
+    with pytest.raises(TypeError, match=rf"^lltm: {name} must be a Tensor, got list$"):
+        lltm.lltm_cell(*args)
+
+
+# Cases whose tensors can all be moved to the meta device: there the op runs
+# its fake kernel, which must say exactly what the C++ kernel says.
+SAME_DEVICE_CASES = [name for name in FORWARD_CASES if "meta" not in name]
+
+
+def _to_meta(args):
+    return [t.to("meta") for t in args]
+
+
+@pytest.mark.parametrize("case", SAME_DEVICE_CASES)
+def test_fake_kernel_raises_the_same_forward(case):
+    args, _ = FORWARD_CASES[case]
+    expected = _eager_message(torch.ops.lltm.forward, args)
+    assert _eager_message(torch.ops.lltm.forward, _to_meta(args)) == expected
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in args]
+        assert _eager_message(torch.ops.lltm.forward, fake) == expected
+
+
+def _root_value_error(error: BaseException) -> ValueError | None:
+    """The ValueError that torch.compile wrapped (in __cause__ / __context__)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ValueError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize(
+    "case", ["weights_features", "old_h_batch", "bias_size", "weights_dtype", "input_int64"]
+)
+def test_compile_raises_the_same(case):
+    args, _ = FORWARD_CASES[case]
+    expected = _eager_message(lltm.lltm_cell, args)
+    compiled = torch.compile(lltm.lltm_cell, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        compiled(*args)
+    root = _root_value_error(info.value)
+    assert root is not None, f"{type(info.value).__name__}: {info.value}"
+    assert str(root) == expected
+
+
+# --- lltm::backward called directly ---------------------------------------------
+
+
+def _backward_with(**changes):
+    input, weights, bias, old_h, old_cell = make_inputs(B, F, S)
+    new_h, new_cell, gates = torch.ops.lltm.forward(input, weights, bias, old_h, old_cell)
+    args = dict(
+        grad_h=torch.ones_like(new_h),
+        grad_cell=torch.ones_like(new_cell),
+        new_cell=new_cell,
+        gates=gates,
+        input=input,
+        old_h=old_h,
+        weights=weights,
+    )
+    args.update({name: change(args[name]) for name, change in changes.items()})
+    return list(args.values())
+
+
+BACKWARD_CASES = {
+    "gates_shape": (
+        _backward_with(gates=lambda t: t[:, :-1]),
+        r"gates must have shape \(batch, 3 \* state_size\) = \(2, 12\), got \(2, 11\)",
+    ),
+    "grad_h_shape": (
+        _backward_with(grad_h=lambda t: t[:1]),
+        r"grad_h must have shape \(batch, state_size\) = \(2, 4\), got \(1, 4\)",
+    ),
+    "grad_cell_shape": (
+        _backward_with(grad_cell=lambda t: t[:, :2]),
+        r"grad_cell must have shape .* = \(2, 4\), got \(2, 2\)",
+    ),
+    "new_cell_shape": (
+        _backward_with(new_cell=lambda t: t.t()),
+        r"new_cell must have shape .* = \(2, 4\), got \(4, 2\)",
+    ),
+    "weights_shape": (
+        _backward_with(weights=lambda t: t[:, 1:]),
+        r"weights must have shape .* = \(12, 7\), got \(12, 6\)",
+    ),
+    "old_h_shape": (
+        _backward_with(old_h=lambda t: t[:1]),
+        r"old_h must have shape \(batch, state_size\) = \(2, 4\), got \(1, 4\)",
+    ),
+    "input_1d": (
+        _backward_with(input=lambda t: t[0]),
+        r"input and old_h must be 2-D, got shapes \(3,\) and \(2, 4\)",
+    ),
+    "gates_dtype": (
+        _backward_with(gates=lambda t: t.float()),
+        r"gates has dtype torch\.float32 but input has torch\.float64",
+    ),
+    "grad_h_dtype": (
+        _backward_with(grad_h=lambda t: t.bfloat16()),
+        r"grad_h has dtype torch\.bfloat16 but input has torch\.float64",
+    ),
+    "input_int": (
+        [t.long() for t in _backward_with()],
+        r"input has dtype torch\.int64; expected torch\.float32, torch\.float64, torch\.float16 or torch\.bfloat16",
+    ),
+    "weights_meta": (
+        _backward_with(weights=lambda t: t.to("meta")),
+        r"weights is on another device than input",
+    ),
+    "grad_cell_meta": (
+        _backward_with(grad_cell=lambda t: t.to("meta")),
+        r"grad_cell is on another device than input",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES)
+@pytest.mark.parametrize("call", ["op", "composite"])
+def test_backward_errors(case, call):
+    args, pattern = BACKWARD_CASES[case]
+    fn = {"op": torch.ops.lltm.backward, "composite": _composite.backward}[call]
+    with pytest.raises(ValueError) as info:
+        fn(*args)
+    _assert_lltm_error(info.value, pattern)
+
+
+@pytest.mark.parametrize("case", [name for name in BACKWARD_CASES if "meta" not in name])
+def test_fake_kernel_raises_the_same_backward(case):
+    args, _ = BACKWARD_CASES[case]
+    expected = _eager_message(torch.ops.lltm.backward, args)
+    assert _eager_message(torch.ops.lltm.backward, _to_meta(args)) == expected
+
+
+# --- What is valid -------------------------------------------------------------
+
+
+def test_empty_batch_is_valid():
+    args = make_inputs(0, F, S, requires_grad=True)
+    new_h, new_cell = lltm.lltm_cell(*args)
+    assert new_h.shape == new_cell.shape == (0, S)
+    (new_h.sum() + new_cell.sum()).backward()
+    # No samples: every parameter gradient is exactly zero.
+    assert torch.equal(args[1].grad, torch.zeros_like(args[1]))
+    assert torch.equal(args[2].grad, torch.zeros_like(args[2]))
+
+
+def test_meta_tensors_give_shapes():
+    new_h, new_cell, gates = torch.ops.lltm.forward(*_to_meta(make_inputs(B, F, S)))
+    assert new_h.device.type == "meta"
+    assert (new_h.shape, new_cell.shape, gates.shape) == ((B, S), (B, S), (B, 3 * S))
+
+
+# --- No C++ backtraces ---------------------------------------------------------
+
+# Raises every error above in a fresh interpreter, with what the user sees.
+_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = {paths!r}
+    import test_errors as cases
+    import lltm, torch
+
+    count = 0
+    for args, _ in cases.FORWARD_CASES.values():
+        for fn in (lltm.lltm_cell, torch.ops.lltm.forward):
+            try:
+                fn(*args)
+            except ValueError:
+                count += 1
+    for args, _ in cases.BACKWARD_CASES.values():
+        try:
+            torch.ops.lltm.backward(*args)
+        except ValueError:
+            count += 1
+    print(count)
+    """
+)
+
+
+def test_errors_print_no_cpp_backtrace():
+    tests_dir = str(Path(__file__).parent)
+    paths = [tests_dir, *sys.path]
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_SHOW_CPP_STACKTRACES"}
+    result = subprocess.run(
+        [sys.executable, "-c", _SCRIPT.format(paths=paths)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.split()[-1]) == 2 * len(FORWARD_CASES) + len(BACKWARD_CASES)
+    for marker in ("Exception raised from", "frame #", "c10::", "libtorch", "Traceback"):
+        assert marker not in result.stderr, result.stderr

@@ -1,0 +1,144 @@
+"""lltm.LLTM is a drop-in replacement for the tutorial's module (reference.LLTM)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import assert_all_close, make_inputs
+
+import lltm
+from lltm import reference
+
+
+def _pair(features=5, state=7, seed=0):
+    """(lltm.LLTM, reference.LLTM) in float64 holding the same parameters."""
+    torch.manual_seed(seed)
+    ours = lltm.LLTM(features, state).double()
+    theirs = reference.LLTM(features, state).double()
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+def test_parameters_are_the_tutorials():
+    rnn = lltm.LLTM(input_features=32, state_size=128)
+    assert rnn.input_features == 32
+    assert rnn.state_size == 128
+    shapes = {name: tuple(p.shape) for name, p in rnn.named_parameters()}
+    assert shapes == {"weights": (3 * 128, 32 + 128), "bias": (3 * 128,)}
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in rnn.parameters())
+    assert list(rnn.state_dict()) == list(reference.LLTM(32, 128).state_dict())
+    assert "input_features=32" in repr(rnn) and "state_size=128" in repr(rnn)
+
+
+@pytest.mark.parametrize("state", [1, 4, 128])
+def test_init_is_uniform_within_tutorial_bounds(state):
+    torch.manual_seed(0)
+    rnn = lltm.LLTM(input_features=16, state_size=state)
+    bound = 1.0 / math.sqrt(state)
+    for name, p in rnn.named_parameters():
+        assert p.abs().max() <= bound, name
+        if p.numel() >= 1000:
+            # Uniform(-b, b): fills the interval, mean 0, variance b^2 / 3.
+            assert p.max() > 0.95 * bound and p.min() < -0.95 * bound, name
+            assert abs(p.mean().item()) < 0.05 * bound, name
+            assert p.var().item() == pytest.approx(bound**2 / 3, rel=0.1), name
+
+
+def test_same_seed_same_init_as_tutorial():
+    # The tutorial draws weights, then bias, from one uniform_ each: the same
+    # global seed must give the same parameters.
+    torch.manual_seed(3)
+    ours = lltm.LLTM(6, 9)
+    torch.manual_seed(3)
+    theirs = reference.LLTM(6, 9)
+    assert_all_close(
+        list(ours.parameters()), list(theirs.parameters()), ("weights", "bias"), rtol=0, atol=0
+    )
+
+
+def test_reference_state_dict_loads_and_matches():
+    torch.manual_seed(1)
+    theirs = reference.LLTM(5, 7).double()
+    ours = lltm.LLTM(5, 7).double()
+    ours.load_state_dict(theirs.state_dict())  # strict: same keys and shapes
+    x, _, _, h, c = make_inputs(4, 5, 7, requires_grad=True)
+    _assert_same_step(ours, theirs, x, h, c)
+
+
+def test_state_dict_loads_back_into_reference():
+    ours, _ = _pair(seed=2)
+    theirs = reference.LLTM(5, 7).double()
+    theirs.load_state_dict(ours.state_dict())
+    x, _, _, h, c = make_inputs(3, 5, 7, requires_grad=True)
+    _assert_same_step(ours, theirs, x, h, c)
+
+
+def test_state_dict_of_wrong_size_is_rejected():
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        lltm.LLTM(5, 7).load_state_dict(reference.LLTM(5, 8).state_dict())
+
+
+def _assert_same_step(ours, theirs, x, h, c):
+    """One call, ``new_h, new_c = rnn(x, (h, c))``: outputs and every grad."""
+    results = []
+    for rnn in (ours, theirs):
+        rnn.zero_grad()
+        leaves = [t.detach().clone().requires_grad_() for t in (x, h, c)]
+        new_h, new_c = rnn(leaves[0], (leaves[1], leaves[2]))
+        (new_h * 3 - new_c).sum().backward()
+        results.append([new_h, new_c, *(t.grad for t in leaves), rnn.weights.grad, rnn.bias.grad])
+    names = ("new_h", "new_c", "grad_x", "grad_h", "grad_c", "grad_weights", "grad_bias")
+    assert_all_close(results[0], results[1], names)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 16])
+def test_call_convention_and_outputs(batch):
+    ours, theirs = _pair()
+    x, _, _, h, c = make_inputs(batch, 5, 7)
+    out = ours(x, (h, c))
+    assert isinstance(out, tuple) and len(out) == 2
+    new_h, new_c = out
+    assert new_h.shape == new_c.shape == (batch, 7)
+    assert_all_close(out, theirs(x, (h, c)), ("new_h", "new_c"))
+
+
+def test_sequence_loop_matches_reference():
+    # The tutorial's usage: the state of one step feeds the next; gradients
+    # flow back through every step into the parameters and the first state.
+    ours, theirs = _pair(features=6, state=10, seed=4)
+    generator = torch.Generator().manual_seed(5)
+    xs = torch.randn(12, 3, 6, generator=generator, dtype=torch.float64)
+    h0 = torch.randn(3, 10, generator=generator, dtype=torch.float64)
+    c0 = torch.randn(3, 10, generator=generator, dtype=torch.float64)
+
+    def unroll(rnn):
+        rnn.zero_grad()
+        h, c = h0.clone().requires_grad_(), c0.clone().requires_grad_()
+        state, hs = (h, c), []
+        for x in xs:
+            state = rnn(x, state)
+            hs.append(state[0])
+        loss = torch.stack(hs).pow(2).sum() + state[1].sum()
+        loss.backward()
+        return [torch.stack(hs), state[1], h.grad, c.grad, rnn.weights.grad, rnn.bias.grad]
+
+    names = ("hs", "final_c", "grad_h0", "grad_c0", "grad_weights", "grad_bias")
+    assert_all_close(unroll(ours), unroll(theirs), names)
+
+
+def test_float32_module_matches_reference():
+    torch.manual_seed(6)
+    ours = lltm.LLTM(32, 128)
+    theirs = reference.LLTM(32, 128)
+    theirs.load_state_dict(ours.state_dict())
+    x, _, _, h, c = make_inputs(16, 32, 128, dtype=torch.float32)
+    assert_all_close(ours(x, (h, c)), theirs(x, (h, c)), ("new_h", "new_c"), rtol=1e-5, atol=1e-5)
+
+
+def test_module_moves_with_to():
+    ours = lltm.LLTM(4, 5).to(torch.bfloat16)
+    x, _, _, h, c = make_inputs(2, 4, 5, dtype=torch.bfloat16)
+    new_h, new_c = ours(x, (h, c))
+    assert new_h.dtype == new_c.dtype == torch.bfloat16
