@@ -52,65 +52,99 @@ def _installed_plugins() -> list[str]:
     ]
 
 
+def _without_cuda_torch(installed: list[str]) -> PluginStatus:
+    found = f"{', '.join(installed)} is installed but " if installed else ""
+    if torch.version.hip is not None:
+        return PluginStatus(
+            loaded=False,
+            module=installed[0] if installed else None,
+            reason=f"{found}torch {torch.__version__} is a ROCm build; lltm has no ROCm kernels",
+            fix=None,
+        )
+    return PluginStatus(
+        loaded=False,
+        module=installed[0] if installed else None,
+        reason=f"{found}torch {torch.__version__} is a CPU-only build",
+        fix="install a CUDA build of torch, then: pip install 'lltm[cuda]'",
+    )
+
+
+def _plugin_for(torch_cuda: str) -> str:
+    """Import name of the plugin for torch's CUDA version: '13.0' -> lltm_cuda13."""
+    return f"lltm_cuda{torch_cuda.split('.')[0]}"
+
+
+def _missing_plugin(installed: list[str], torch_cuda: str) -> PluginStatus:
+    major = int(torch_cuda.split(".")[0])
+    torch_is = f"torch {torch.__version__} uses CUDA {torch_cuda}"
+    if major not in SUPPORTED_CUDA_MAJORS:
+        supported = " or ".join(str(m) for m in SUPPORTED_CUDA_MAJORS)
+        return PluginStatus(
+            loaded=False,
+            module=installed[0] if installed else None,
+            reason=f"{torch_is}; lltm's CUDA kernels exist for CUDA {supported} only",
+            fix=f"install a torch built for CUDA {supported}, then: pip install 'lltm[cuda]'",
+        )
+    fix = f"pip install 'lltm[cuda{major}]=={__version__}'"
+    if installed:
+        return PluginStatus(
+            loaded=False,
+            module=installed[0],
+            reason=f"{', '.join(installed)} is installed, but {torch_is}, which needs {_plugin_for(torch_cuda)}",
+            fix=fix,
+        )
+    return PluginStatus(
+        loaded=False,
+        module=None,
+        reason=f"the CUDA kernels (lltm-cuda{major}) are not installed",
+        fix=fix,
+    )
+
+
+def _load_plugin(name: str) -> PluginStatus:
+    # Importing the extension module itself (not just the package) registers
+    # the kernels even when `import lltm_cudaNN` is what started `import lltm`.
+    reinstall = f"pip install --force-reinstall --no-deps '{name.replace('_', '-')}=={__version__}'"
+    try:
+        native = importlib.import_module(f"{name}._C")
+    except Exception as error:  # noqa: BLE001 - any failure must leave lltm usable
+        return PluginStatus(
+            loaded=False,
+            module=name,
+            reason=f"{name} failed to load ({type(error).__name__}: {error})",
+            fix=reinstall,
+        )
+    built_from = getattr(native, "lltm_version", None)
+    cuda = getattr(native, "cuda_version", "?")
+    if built_from != __version__:
+        # Loaded anyway: the kernels implement lltm's schemas, so say it loudly.
+        return PluginStatus(
+            loaded=True,
+            module=name,
+            reason=f"{name} {built_from} (CUDA {cuda}) is loaded but lltm is {__version__}",
+            fix=reinstall,
+        )
+    return PluginStatus(
+        loaded=True, module=name, reason=f"{name} {built_from} (CUDA {cuda}) loaded", fix=None
+    )
+
+
 def _find_and_load_plugin() -> PluginStatus:
     installed = _installed_plugins()
     torch_cuda = torch.version.cuda
     if torch_cuda is None:
-        found = f"{', '.join(installed)} is installed but " if installed else ""
-        return PluginStatus(
-            loaded=False,
-            module=installed[0] if installed else None,
-            reason=f"{found}torch {torch.__version__} is a CPU-only build",
-            fix="install a CUDA build of torch, then: pip install 'lltm[cuda]'",
-        )
-    major = int(torch_cuda.split(".")[0])
-    wanted = f"lltm_cuda{major}"
-    extra = f"cuda{major}" if major in SUPPORTED_CUDA_MAJORS else "cuda"
-    if wanted not in installed:
-        if installed:
-            return PluginStatus(
-                loaded=False,
-                module=installed[0],
-                reason=(
-                    f"{', '.join(installed)} is installed, but torch {torch.__version__} "
-                    f"uses CUDA {torch_cuda}, which needs {wanted}"
-                ),
-                fix=f"pip install 'lltm[{extra}]'",
-            )
-        return PluginStatus(
-            loaded=False,
-            module=None,
-            reason=f"the CUDA kernels (lltm-cuda{major}) are not installed",
-            fix=f"pip install 'lltm[{extra}]'",
-        )
-    try:
-        plugin = importlib.import_module(wanted)
-    except Exception as error:  # noqa: BLE001 - any failure must leave lltm usable
-        return PluginStatus(
-            loaded=False,
-            module=wanted,
-            reason=f"{wanted} failed to load: {type(error).__name__}: {error}",
-            fix=f"reinstall it to match torch {torch.__version__}: pip install --force-reinstall 'lltm[{extra}]'",
-        )
-    plugin_version = getattr(plugin, "__version__", None)
-    if plugin_version != __version__:
-        # Loaded anyway: the schema is versioned by lltm, so say it loudly.
-        return PluginStatus(
-            loaded=True,
-            module=wanted,
-            reason=f"{wanted} {plugin_version} is loaded but lltm is {__version__}",
-            fix=f"pip install 'lltm[{extra}]=={__version__}'",
-        )
-    return PluginStatus(
-        loaded=True, module=wanted, reason=f"{wanted} {plugin_version} loaded", fix=None
-    )
+        return _without_cuda_torch(installed)
+    if _plugin_for(torch_cuda) not in installed:
+        return _missing_plugin(installed, torch_cuda)
+    return _load_plugin(_plugin_for(torch_cuda))
 
 
 PLUGIN: PluginStatus = _find_and_load_plugin()
-if not PLUGIN.loaded and PLUGIN.module is not None:
-    # A plugin is installed yet unusable: say so once, at import.
+if PLUGIN.module is not None and PLUGIN.fix is not None:
+    # A plugin is installed yet unusable or mismatched: say so once, at import.
     warnings.warn(
-        f"lltm: CUDA kernels unavailable: {PLUGIN.reason}. Fix: {PLUGIN.fix}",
+        f"lltm: CUDA kernels {'mismatched' if PLUGIN.loaded else 'unavailable'}: "
+        f"{PLUGIN.reason}. Fix: {PLUGIN.fix}",
         RuntimeWarning,
         stacklevel=2,
     )

@@ -1,0 +1,110 @@
+// How lltm's CUDA kernels are laid out on the GPU and launched.
+//
+// The pointwise kernels walk (row, column) of row-major (batch, state)
+// matrices: threadIdx.x runs along a row, so a warp reads consecutive
+// elements (coalesced), and each thread moves a Pack of up to 16 bytes per
+// load when alignment allows. Grids are capped at a few waves of the GPU and
+// the kernels loop (grid-stride) over whatever is left, so any batch and
+// state size works with 64-bit offsets.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/headeronly/util/shim_utils.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+namespace lltm::cuda {
+
+// kVec elements of T moved by one load or store instruction.
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <int kVec, typename T>
+__device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, kVec>*>(p);
+}
+
+template <int kVec, typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& pack) {
+  *reinterpret_cast<Pack<T, kVec>*>(p) = pack;
+}
+
+// Widest pack (16 bytes) that divides every row, when every pointer is
+// aligned to it; otherwise 1, the plain (still coalesced) path.
+template <typename T>
+constexpr int kWidePack = 16 / sizeof(T);
+
+template <typename T>
+bool rows_fit_wide_packs(int64_t state, std::initializer_list<const void*> pointers) {
+  if (state % kWidePack<T> != 0) return false;
+  return std::all_of(pointers.begin(), pointers.end(), [](const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % sizeof(Pack<T, kWidePack<T>>) == 0;
+  });
+}
+
+[[noreturn]] inline void fail_cuda(const std::string& what, cudaError_t error) {
+  std::string message = "lltm: " + what + " failed: " + cudaGetErrorString(error);
+  if (error == cudaErrorNoKernelImageForDevice) {
+    message += " (lltm's CUDA kernels were not compiled for this GPU; rebuild "
+               "with its compute capability in TORCH_CUDA_ARCH_LIST)";
+  }
+  throw std::runtime_error(message);
+}
+
+// A launch error (bad configuration, missing kernel image) is reported right
+// away; errors inside the kernel surface at the next synchronisation, as for
+// torch's own kernels.
+inline void check_launch(const char* kernel) {
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) fail_cuda(std::string("launching ") + kernel, error);
+}
+
+// The stream torch is using on this device now: the one CUDA graphs capture
+// and torch.cuda.stream() selects. Queried through libtorch_cuda's C shim,
+// which every torch >= 2.10 has.
+inline cudaStream_t current_stream(int32_t device_index) {
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream));
+  return static_cast<cudaStream_t>(stream);
+}
+
+struct RowTiling {
+  dim3 grid;
+  dim3 block;
+};
+
+constexpr int64_t kThreadsPerBlock = 256;
+// Enough resident blocks to keep memory busy, few enough that each thread
+// does several iterations of the grid-stride loops.
+constexpr int64_t kMaxBlocksPerMultiprocessor = 32;
+constexpr int64_t kMaxGridY = 65535;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Block: x covers a row's packs (up to a whole block), y stacks as many rows
+// as fit, so short rows still fill the block. A warp may then span two rows
+// and still read consecutive addresses: (batch, state) rows are contiguous.
+inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_index) {
+  int multiprocessors = 0;
+  const cudaError_t error = cudaDeviceGetAttribute(
+      &multiprocessors, cudaDevAttrMultiProcessorCount, device_index);
+  if (error != cudaSuccess) fail_cuda("querying the GPU", error);
+  const int64_t max_blocks = int64_t(multiprocessors) * kMaxBlocksPerMultiprocessor;
+
+  const int64_t block_x = std::min(kThreadsPerBlock, packs_per_row);
+  const int64_t block_y = kThreadsPerBlock / block_x;
+  const int64_t grid_y = std::min({ceil_div(rows, block_y), kMaxGridY, max_blocks});
+  const int64_t grid_x = std::min(ceil_div(packs_per_row, block_x),
+                                  std::max<int64_t>(1, max_blocks / grid_y));
+  return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)),
+          dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y))};
+}
+
+}  // namespace lltm::cuda

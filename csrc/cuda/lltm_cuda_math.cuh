@@ -1,0 +1,84 @@
+// The LLTM's pointwise math for one element, the device twin of
+// csrc/cpu/lltm_cpu_math.h.
+//
+// Layout of a row of `gates`: [input gate | output gate | candidate], each
+// `state` wide. 16-bit types are widened to float for the arithmetic; double
+// stays double throughout: the math functions below are overloaded per
+// precision so that the double path can never pick a float-only function.
+#pragma once
+
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <type_traits>
+
+namespace lltm::cuda {
+
+template <typename scalar_t>
+using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+__device__ __forceinline__ float exp_of(float x) { return expf(x); }
+__device__ __forceinline__ double exp_of(double x) { return exp(x); }
+__device__ __forceinline__ float expm1_of(float x) { return expm1f(x); }
+__device__ __forceinline__ double expm1_of(double x) { return expm1(x); }
+__device__ __forceinline__ float tanh_of(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_of(double x) { return tanh(x); }
+
+template <typename T>
+__device__ __forceinline__ T sigmoid(T x) {
+  return T(1) / (T(1) + exp_of(-x));
+}
+
+// ELU with alpha = 1; expm1 keeps full precision for small negative inputs.
+template <typename T>
+__device__ __forceinline__ T elu(T x) {
+  return x > T(0) ? x : expm1_of(x);
+}
+
+// d elu / dx expressed through y = elu(x): 1 where x > 0, else exp(x) = y + 1.
+template <typename T>
+__device__ __forceinline__ T elu_grad_from_output(T y) {
+  return y > T(0) ? T(1) : y + T(1);
+}
+
+// One column j of one row. The gate arguments hold the pre-activations
+// (bias not yet added) on entry and the activated gates on return.
+template <typename scalar_t>
+__device__ __forceinline__ void forward_element(
+    scalar_t& input_gate, scalar_t& output_gate, scalar_t& candidate,
+    scalar_t bias_i, scalar_t bias_o, scalar_t bias_g, scalar_t old_cell,
+    scalar_t& new_h, scalar_t& new_cell) {
+  using T = acc_t<scalar_t>;
+  const T i = sigmoid(T(input_gate) + T(bias_i));
+  const T o = sigmoid(T(output_gate) + T(bias_o));
+  const T g = elu(T(candidate) + T(bias_g));
+  const T c = T(old_cell) + g * i;
+  input_gate = i;
+  output_gate = o;
+  candidate = g;
+  new_cell = c;
+  new_h = tanh_of(c) * o;
+}
+
+// Gradients for one column j of one row; see backward_row on the CPU side.
+template <typename scalar_t>
+__device__ __forceinline__ void backward_element(
+    scalar_t grad_h, scalar_t grad_cell, scalar_t new_cell,
+    scalar_t input_gate, scalar_t output_gate, scalar_t candidate,
+    scalar_t& d_input_gate, scalar_t& d_output_gate, scalar_t& d_candidate,
+    scalar_t& grad_old_cell) {
+  using T = acc_t<scalar_t>;
+  const T i = T(input_gate);
+  const T o = T(output_gate);
+  const T g = T(candidate);
+  const T dh = T(grad_h);
+  const T t = tanh_of(T(new_cell));
+  // new_h = tanh(new_cell) * o; new_cell = old_cell + g * i.
+  const T d_cell = dh * o * (T(1) - t * t) + T(grad_cell);
+  d_input_gate = d_cell * g * i * (T(1) - i);
+  d_output_gate = dh * t * o * (T(1) - o);
+  d_candidate = d_cell * i * elu_grad_from_output(g);
+  grad_old_cell = d_cell;
+}
+
+}  // namespace lltm::cuda
