@@ -27,9 +27,8 @@ from setuptools import setup
 from torch.utils import cpp_extension
 
 ROOT = Path(__file__).parent.resolve()
-VERSION = re.search(
-    r'__version__ = "([^"]+)"', (ROOT / "src/lltm/_version.py").read_text()
-).group(1)
+VERSION_FILE = (ROOT / "src/lltm/_version.py").read_text()
+VERSION = re.search(r'__version__ = "([^"]+)"', VERSION_FILE).group(1)
 VARIANT = os.environ.get("LLTM_VARIANT", "cpu").strip().lower()
 
 # Oldest torch the binaries must load in (0xMMmmpp...: 2.10.0).
@@ -128,16 +127,22 @@ def cuda_variant() -> dict:
         f"{package}._C",
         sources=["csrc/cuda/lltm_cuda.cu", "csrc/cuda/module.cpp"],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).
-        define_macros=[*MACROS, ("USE_CUDA", None), ("LLTM_CUDA_MAJOR", str(major))],
+        define_macros=[*MACROS, ("USE_CUDA", None), ("LLTM_VERSION", VERSION)],
         extra_compile_args={
             "cxx": CXX_FLAGS,
+            # No --use_fast_math: the float64 path must stay IEEE double.
             "nvcc": ["-O3", "-std=c++17", "-lineinfo"],
         },
         py_limited_api=True,
     )
+    # CUDAExtension links c10, torch and c10_cuda too; the plugin calls only
+    # the C shims of libtorch_cpu and libtorch_cuda (aoti_torch_cuda_addmm_out,
+    # aoti_torch_get_current_cuda_stream: both there since torch 2.10, unlike
+    # the device-generic stream API of 2.13) and the CUDA runtime.
+    ext.libraries = ["torch_cpu", "torch_cuda", "cudart"]
     return dict(
         name=f"lltm-cuda{major}",
-        description=f"CUDA {major}.x kernels for lltm (install with: pip install lltm[cuda])",
+        description=f"CUDA {major}.x kernels for lltm (install with: pip install lltm[cuda{major}])",
         packages=[package],
         package_dir={package: "src/lltm_cuda"},
         ext_modules=[ext],

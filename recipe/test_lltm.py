@@ -1,0 +1,47 @@
+"""Test of the installed conda package: the operator runs in every flavour and
+matches the pure-PyTorch reference; the CUDA flavour's kernels load."""
+
+from __future__ import annotations
+
+import torch
+
+import lltm
+from lltm import _backends, reference
+
+
+def inputs(device: str) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    batch, features, state = 4, 8, 16
+    shapes = [
+        (batch, features),
+        (3 * state, state + features),
+        (3 * state,),
+        (batch, state),
+        (batch, state),
+    ]
+    return [
+        torch.randn(shape, generator=generator, dtype=torch.float64).to(device).requires_grad_()
+        for shape in shapes
+    ]
+
+
+def check(device: str) -> None:
+    args = inputs(device)
+    out = lltm.lltm_cell(*args)
+    expected = reference.lltm_cell(*args)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(sum(t.sum() for t in out), args)
+    expected_grads = torch.autograd.grad(sum(t.sum() for t in expected), args)
+    torch.testing.assert_close(grads, expected_grads)
+    print(f"lltm {lltm.__version__}: {device} output and gradients match the reference")
+
+
+assert _backends.has_native_kernel("cpu"), "lltm's CPU kernels are not registered"
+check("cpu")
+
+if torch.version.cuda is not None:
+    # The CUDA flavour (it alone installs with a CUDA build of pytorch): the
+    # plugin for pytorch's CUDA major must load, with or without a GPU.
+    assert _backends.PLUGIN.loaded, _backends.PLUGIN.reason
+    if torch.cuda.is_available():
+        check("cuda")
