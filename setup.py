@@ -48,7 +48,11 @@ MACROS = [
     ("Py_LIMITED_API", PY_LIMITED_API),
 ]
 CXX_FLAGS = ["-O3", "-std=c++17", "-fdiagnostics-color=always"]
-WHEEL_OPTIONS = {"bdist_wheel": {"py_limited_api": "cp310"}}
+BUILD_OPTIONS = {
+    "bdist_wheel": {"py_limited_api": "cp310"},
+    # One build tree per variant: a wheel never picks up the other's files.
+    "build": {"build_base": f"build/{VARIANT}"},
+}
 CLASSIFIERS = [
     "Programming Language :: Python :: 3",
     "Programming Language :: C++",
@@ -164,7 +168,7 @@ setup(
     python_requires=">=3.10",
     classifiers=CLASSIFIERS,
     cmdclass={"build_ext": cpp_extension.BuildExtension},
-    options=WHEEL_OPTIONS,
+    options=BUILD_OPTIONS,
     zip_safe=False,
     **VARIANTS[VARIANT](),
 )
