@@ -23,9 +23,12 @@ def lltm_cell(
         ``(new_h, new_cell)``, each ``(batch, state_size)``. Differentiable with
         respect to every argument; works under ``torch.compile``.
     """
-    args = (input, weights, bias, old_h, old_cell)
-    if not all(isinstance(t, Tensor) for t in args):
-        # The dispatcher's own message is long and names no expected type.
-        ops.check_forward_args(*args)  # raises a TypeError naming the argument
-    new_h, new_cell, _gates = ops.forward(*args)
+    try:
+        new_h, new_cell, _gates = ops.forward(input, weights, bias, old_h, old_cell)
+    except (TypeError, RuntimeError):
+        # The dispatcher's message for a non-Tensor argument is long and names
+        # no expected type: this raises a TypeError naming the argument. (Checked
+        # only on failure: the common path pays nothing for it.)
+        ops.check_forward_args(input, weights, bias, old_h, old_cell)
+        raise
     return new_h, new_cell

@@ -168,20 +168,30 @@ def _setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, .
     ctx.mark_non_differentiable(gates)
     # All five inputs: double backward recomputes the step from them.
     ctx.save_for_backward(*inputs, new_cell, gates)
+    # Autograd would otherwise allocate and zero a (batch, 3 * state) tensor
+    # for the gradient of `gates` on every backward; _backward ignores it.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(
-    ctx: Any, grad_h: Tensor, grad_cell: Tensor, _grad_gates: Tensor | None
+    ctx: Any, grad_h: Tensor | None, grad_cell: Tensor | None, _grad_gates: Tensor | None
 ) -> tuple[Tensor | None, ...]:
     input, weights, bias, old_h, old_cell, new_cell, gates = ctx.saved_tensors
+    # Without materialized gradients, an output that does not reach the loss
+    # has None for a gradient.
+    if grad_h is None:
+        grad_h = torch.zeros_like(new_cell)
+    if grad_cell is None:
+        grad_cell = torch.zeros_like(new_cell)
     if torch.is_grad_enabled():
         # create_graph=True. lltm::backward has no derivative of its own:
         # autograd would silently treat its result as a constant.
         return _recomputed_backward(ctx, (input, weights, bias, old_h, old_cell), grad_h, grad_cell)
     grads = backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights)
-    return tuple(
-        g if needed else None for g, needed in zip(grads, ctx.needs_input_grad, strict=True)
-    )
+    needed = ctx.needs_input_grad
+    if all(needed):  # the common case: skip building a new tuple
+        return grads
+    return tuple(g if need else None for g, need in zip(grads, needed, strict=True))
 
 
 def _recomputed_backward(

@@ -1,0 +1,233 @@
+// The LLTM's pointwise passes over one span of a batch row, in float or
+// double, plus the choice of the instruction set they are compiled for.
+//
+// A row of `gates` is [input gate | output gate | candidate], each `state`
+// wide; a span is `n` consecutive columns of each of the three blocks. The
+// loops have no branches and no calls (lltm_cpu_math.h), and every pointer is
+// restrict-qualified, so the compiler vectorizes them.
+//
+// Runtime dispatch: on x86-64 with GCC or Clang the same source is compiled a
+// second and third time for AVX2+FMA and for AVX-512, and the widest set the
+// CPU supports is picked once, at the first call. The baseline (SSE2 on
+// x86-64, NEON on arm64) is always there, so the library runs on any CPU of
+// its architecture. LLTM_CPU_ISA=baseline|avx2 forces a lower set, to test
+// or time every variant on one machine. At the tutorial's size (2048
+// elements) the float forward span takes 30 us as SSE2, 11 us as AVX2 and
+// 6 us as AVX-512; double 85, 30 and 14 us.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "lltm_cpu_math.h"
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(_MSC_VER)
+#define LLTM_X86_DISPATCH 1
+#define LLTM_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define LLTM_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#else
+#define LLTM_X86_DISPATCH 0
+#endif
+
+// GCC keeps FP comparisons as branches unless it may assume they do not
+// trap, and a loop with branches is not vectorized. No value changes: only
+// the floating-point exception flags, which torch never reads. (Clang
+// assumes this by default.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+namespace lltm::cpu {
+
+template <typename T>
+struct ForwardSpan {
+  T* gate_i;  // in: pre-activation without bias; out: sigmoid
+  T* gate_o;  // same, output gate
+  T* gate_g;  // same, candidate; out: elu
+  const T* bias_i;
+  const T* bias_o;
+  const T* bias_g;
+  const T* old_cell;
+  T* new_h;
+  T* new_cell;
+};
+
+template <typename T>
+struct BackwardSpan {
+  const T* grad_h;
+  const T* grad_cell;
+  const T* new_cell;
+  const T* gate_i;
+  const T* gate_o;
+  const T* gate_g;
+  T* d_gate_i;
+  T* d_gate_o;
+  T* d_gate_g;
+  T* grad_old_cell;
+  T* bias_i;  // running sums of the d_gates columns (grad_bias)
+  T* bias_o;
+  T* bias_g;
+};
+
+template <typename T, typename MulAdd>
+LLTM_ALWAYS_INLINE void forward_span_loop(int64_t n, T* __restrict gi, T* __restrict go,
+                                          T* __restrict gg, const T* __restrict bi,
+                                          const T* __restrict bo, const T* __restrict bg,
+                                          const T* __restrict c0, T* __restrict h1,
+                                          T* __restrict c1) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T i = fast_sigmoid<T, MulAdd>(gi[j] + bi[j]);
+    const T o = fast_sigmoid<T, MulAdd>(go[j] + bo[j]);
+    const T g = fast_elu<T, MulAdd>(gg[j] + bg[j]);
+    const T c = c0[j] + g * i;
+    gi[j] = i;
+    go[j] = o;
+    gg[j] = g;
+    c1[j] = c;
+    h1[j] = fast_tanh<T, MulAdd>(c) * o;
+  }
+}
+
+template <typename T, typename MulAdd>
+LLTM_ALWAYS_INLINE void backward_span_loop(int64_t n, const T* __restrict dh,
+                                           const T* __restrict dc, const T* __restrict c1,
+                                           const T* __restrict gi, const T* __restrict go,
+                                           const T* __restrict gg, T* __restrict dgi,
+                                           T* __restrict dgo, T* __restrict dgg, T* __restrict dc0,
+                                           T* __restrict bi, T* __restrict bo, T* __restrict bg) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T i = gi[j];
+    const T o = go[j];
+    const T g = gg[j];
+    const T t = fast_tanh<T, MulAdd>(c1[j]);
+    // new_h = tanh(new_cell) * o; new_cell = old_cell + g * i.
+    const T d_cell = dh[j] * o * (T(1) - t * t) + dc[j];
+    const T d_i = d_cell * g * i * (T(1) - i);
+    const T d_o = dh[j] * t * o * (T(1) - o);
+    const T d_g = d_cell * i * elu_grad_from_output(g);
+    dgi[j] = d_i;
+    dgo[j] = d_o;
+    dgg[j] = d_g;
+    dc0[j] = d_cell;
+    bi[j] += d_i;
+    bo[j] += d_o;
+    bg[j] += d_g;
+  }
+}
+
+// Unpacks a span into restrict-qualified arguments: what lets the compiler
+// vectorize (it does not trust restrict on pointers read from a struct).
+template <typename T, typename MulAdd>
+LLTM_ALWAYS_INLINE void forward_span_body(const ForwardSpan<T>& s, int64_t n) {
+  forward_span_loop<T, MulAdd>(n, s.gate_i, s.gate_o, s.gate_g, s.bias_i, s.bias_o, s.bias_g,
+                               s.old_cell, s.new_h, s.new_cell);
+}
+
+template <typename T, typename MulAdd>
+LLTM_ALWAYS_INLINE void backward_span_body(const BackwardSpan<T>& s, int64_t n) {
+  backward_span_loop<T, MulAdd>(n, s.grad_h, s.grad_cell, s.new_cell, s.gate_i, s.gate_o, s.gate_g,
+                                s.d_gate_i, s.d_gate_o, s.d_gate_g, s.grad_old_cell, s.bias_i,
+                                s.bias_o, s.bias_g);
+}
+
+#if defined(__aarch64__) || defined(_M_ARM64)
+using BaselineMulAdd = FusedMulAdd;  // every arm64 CPU has FMA
+#else
+using BaselineMulAdd = SeparateMulAdd;
+#endif
+
+template <typename T>
+void forward_span_baseline(const ForwardSpan<T>& s, int64_t n) {
+  forward_span_body<T, BaselineMulAdd>(s, n);
+}
+template <typename T>
+void backward_span_baseline(const BackwardSpan<T>& s, int64_t n) {
+  backward_span_body<T, BaselineMulAdd>(s, n);
+}
+
+#if LLTM_X86_DISPATCH
+template <typename T>
+LLTM_TARGET_AVX2 void forward_span_avx2(const ForwardSpan<T>& s, int64_t n) {
+  forward_span_body<T, FusedMulAdd>(s, n);
+}
+template <typename T>
+LLTM_TARGET_AVX2 void backward_span_avx2(const BackwardSpan<T>& s, int64_t n) {
+  backward_span_body<T, FusedMulAdd>(s, n);
+}
+template <typename T>
+LLTM_TARGET_AVX512 void forward_span_avx512(const ForwardSpan<T>& s, int64_t n) {
+  forward_span_body<T, FusedMulAdd>(s, n);
+}
+template <typename T>
+LLTM_TARGET_AVX512 void backward_span_avx512(const BackwardSpan<T>& s, int64_t n) {
+  backward_span_body<T, FusedMulAdd>(s, n);
+}
+#endif
+
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+inline const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    default:
+      return "baseline";
+  }
+}
+
+inline Isa detect_isa() {
+  Isa best = Isa::kBaseline;
+#if LLTM_X86_DISPATCH
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+  if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq")) {
+    best = Isa::kAvx512;
+  }
+#endif
+  // An explicit request can only lower the choice: never run what the CPU
+  // lacks.
+  if (const char* forced = std::getenv("LLTM_CPU_ISA")) {
+    if (std::strcmp(forced, "baseline") == 0) best = Isa::kBaseline;
+    if (std::strcmp(forced, "avx2") == 0 && best == Isa::kAvx512) best = Isa::kAvx2;
+  }
+  return best;
+}
+
+inline Isa selected_isa() {
+  static const Isa isa = detect_isa();
+  return isa;
+}
+
+template <typename T>
+struct SpanKernels {
+  void (*forward)(const ForwardSpan<T>&, int64_t);
+  void (*backward)(const BackwardSpan<T>&, int64_t);
+};
+
+template <typename T>
+SpanKernels<T> make_span_kernels(Isa isa) {
+#if LLTM_X86_DISPATCH
+  if (isa == Isa::kAvx512) return {&forward_span_avx512<T>, &backward_span_avx512<T>};
+  if (isa == Isa::kAvx2) return {&forward_span_avx2<T>, &backward_span_avx2<T>};
+#endif
+  (void)isa;
+  return {&forward_span_baseline<T>, &backward_span_baseline<T>};
+}
+
+// The kernels for this CPU, chosen once.
+template <typename T>
+const SpanKernels<T>& span_kernels() {
+  static const SpanKernels<T> kernels = make_span_kernels<T>(selected_isa());
+  return kernels;
+}
+
+}  // namespace lltm::cpu
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif

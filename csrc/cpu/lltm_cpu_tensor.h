@@ -1,0 +1,84 @@
+// Tensor plumbing for the CPU kernels, straight on the C shim.
+//
+// At the tutorial's sizes one LLTM step is a few microseconds of arithmetic,
+// so per-call overhead decides the speed. torch::stable's narrow, transpose,
+// new_empty and contiguous each go through the boxed dispatcher (about
+// 1-2 us apiece); the shim calls used here create tensors and views directly.
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+
+namespace lltm::cpu {
+
+using torch::stable::Tensor;
+
+// A 2-D strided window on a tensor's data: what the pointwise loops read.
+template <typename T>
+struct Matrix {
+  T* data;
+  int64_t row_stride;
+  int64_t col_stride;
+
+  T* row(int64_t r) const { return data + r * row_stride; }
+};
+
+template <typename T>
+Matrix<T> matrix_of(const Tensor& t) {
+  const auto strides = t.strides();
+  return {static_cast<T*>(t.data_ptr()), strides[0], strides[1]};
+}
+
+// A 1-D tensor seen as a single row.
+template <typename T>
+Matrix<T> row_of(const Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), 0, t.stride(0)};
+}
+
+// A new contiguous (rows, cols) tensor with the dtype and device of `like`.
+inline Tensor new_matrix(const Tensor& like, int64_t rows, int64_t cols) {
+  int32_t dtype = 0, device_type = 0, device_index = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  const int64_t sizes[] = {rows, cols};
+  const int64_t strides[] = {cols, 1};
+  AtenTensorHandle out = nullptr;
+  TORCH_ERROR_CODE_CHECK(
+      aoti_torch_empty_strided(2, sizes, strides, dtype, device_type, device_index, &out));
+  return Tensor(out);
+}
+
+inline Tensor new_vector(const Tensor& like, int64_t size) {
+  int32_t dtype = 0, device_type = 0, device_index = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  const int64_t sizes[] = {size};
+  const int64_t strides[] = {1};
+  AtenTensorHandle out = nullptr;
+  TORCH_ERROR_CODE_CHECK(
+      aoti_torch_empty_strided(1, sizes, strides, dtype, device_type, device_index, &out));
+  return Tensor(out);
+}
+
+// Columns [first, first + count) of a 2-D tensor, optionally transposed:
+// a view sharing its storage (no copy, no dispatcher).
+inline Tensor column_block(const Tensor& t, int64_t first, int64_t count, bool transposed) {
+  const auto strides = t.strides();
+  const int64_t rows = t.size(0);
+  const int64_t sizes[] = {transposed ? count : rows, transposed ? rows : count};
+  const int64_t view_strides[] = {transposed ? strides[1] : strides[0],
+                                  transposed ? strides[0] : strides[1]};
+  AtenTensorHandle out = nullptr;
+  TORCH_ERROR_CODE_CHECK(
+      aoti_torch__reinterpret_tensor(t.get(), 2, sizes, view_strides, first * strides[1], &out));
+  return Tensor(out);
+}
+
+inline Tensor transposed(const Tensor& t) { return column_block(t, 0, t.size(1), true); }
+
+}  // namespace lltm::cpu
