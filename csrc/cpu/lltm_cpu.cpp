@@ -13,6 +13,7 @@
 // else is in this directory: views and allocations straight on the C shim
 // (lltm_cpu_tensor.h), the pointwise math vectorized for each instruction set
 // (lltm_cpu_spans.h, lltm_cpu_math.h).
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -26,8 +27,8 @@
 #include <vector>
 
 #include "../lltm_checks.h"
+#include "../lltm_tensor.h"
 #include "lltm_cpu_spans.h"
-#include "lltm_cpu_tensor.h"
 
 namespace lltm::cpu {
 namespace {

@@ -1,10 +1,15 @@
 // CUDA implementation of lltm::forward and lltm::backward, mirroring
 // csrc/cpu/lltm_cpu.cpp function for function:
-//   forward:  gates = old_h @ W_h^T + input @ W_x^T   (two GEMMs through
-//             torch, one buffer) then one fused pointwise kernel that adds the
-//             bias, activates the gates in place and writes new_h, new_cell.
+//   forward:  gates = [old_h, input] @ W^T   (one GEMM through torch, written
+//             straight into the `gates` output: one rounding of the
+//             pre-activations, as in the reference, also for 16-bit types)
+//             then one fused pointwise kernel that adds the bias, activates
+//             the gates in place and writes new_h, new_cell.
 //   backward: one fused pointwise kernel producing d_gates and grad_old_cell,
-//             then the GEMMs for grad_weights, grad_old_h and grad_input.
+//             then the GEMMs for grad_weights, grad_old_h and grad_input, and
+//             a torch sum for grad_bias (the CPU folds that sum into its
+//             pointwise pass; here a column reduction across thread blocks
+//             would cost more than the separate, bandwidth-bound sum).
 // Everything runs on the tensors' device and on torch's current stream there.
 // 16-bit inputs are computed in float32, float64 in double.
 #include <cuda_runtime.h>
@@ -20,6 +25,7 @@
 #include <tuple>
 
 #include "../lltm_checks.h"
+#include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_math.cuh"
 
@@ -33,6 +39,17 @@ void addmm_out(Tensor& out, const Tensor& self, const Tensor& mat1,
                const Tensor& mat2, double beta) {
   TORCH_ERROR_CODE_CHECK(
       aoti_torch_cuda_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0));
+}
+
+// [old_h, input] as one (batch, state + features) matrix, copied on the
+// current stream by torch: one GEMM instead of two in each direction.
+Tensor concat_h_x(const Tensor& old_h, const Tensor& input, const Sizes& n) {
+  Tensor x = new_matrix(input, n.batch, n.state + n.features);
+  Tensor x_h = column_block(x, 0, n.state, false);
+  Tensor x_x = column_block(x, n.state, n.features, false);
+  torch::stable::copy_(x_h, old_h);
+  torch::stable::copy_(x_x, input);
+  return x;
 }
 
 // Row r of gates starts at r * 3 * state; its three gate blocks are `state`
@@ -165,19 +182,16 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights,
   const Sizes n = check_forward_args(input, weights, bias, old_h, old_cell);
   // Allocations, GEMMs and kernels all go to the tensors' device.
   const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
-  // Columns [0, S) of the weights multiply old_h, columns [S, S + F) input.
-  const Tensor w_h_t = torch::stable::transpose(torch::stable::narrow(weights, 1, 0, n.state), 0, 1);
-  const Tensor w_x_t = torch::stable::transpose(torch::stable::narrow(weights, 1, n.state, n.features), 0, 1);
-
-  Tensor gates = torch::stable::new_empty(input, {n.batch, 3 * n.state});
-  addmm_out(gates, gates, old_h, w_h_t, /*beta=*/0.0);
-  addmm_out(gates, gates, input, w_x_t, /*beta=*/1.0);
+  Tensor gates = new_matrix(input, n.batch, 3 * n.state);
+  // The GEMM writes the pre-activations (bias not yet added) into `gates`,
+  // which the pointwise kernel then overwrites with the activations.
+  addmm_out(gates, gates, concat_h_x(old_h, input, n), transposed(weights), /*beta=*/0.0);
 
   // The pointwise kernel reads rows densely; these are no-ops when contiguous.
   const Tensor bias_c = torch::stable::contiguous(bias);
   const Tensor old_cell_c = torch::stable::contiguous(old_cell);
-  Tensor new_h = torch::stable::new_empty(input, {n.batch, n.state});
-  Tensor new_cell = torch::stable::new_empty(input, {n.batch, n.state});
+  Tensor new_h = new_matrix(input, n.batch, n.state);
+  Tensor new_cell = new_matrix(input, n.batch, n.state);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_forward_cuda", AT_WRAP([&] {
     forward_pointwise<scalar_t>(gates, bias_c, old_cell_c, new_h, new_cell, n.batch, n.state);
   }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
@@ -194,27 +208,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward(
   const Tensor new_cell_c = torch::stable::contiguous(new_cell);
   const Tensor gates_c = torch::stable::contiguous(gates);
 
-  Tensor d_gates = torch::stable::new_empty(input, {n.batch, 3 * n.state});
-  Tensor grad_old_cell = torch::stable::new_empty(input, {n.batch, n.state});
+  Tensor d_gates = new_matrix(input, n.batch, 3 * n.state);
+  Tensor grad_old_cell = new_matrix(input, n.batch, n.state);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_backward_cuda", AT_WRAP([&] {
     backward_pointwise<scalar_t>(grad_h_c, grad_cell_c, new_cell_c, gates_c, d_gates, grad_old_cell, n.batch, n.state);
   }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
 
-  const Tensor d_gates_t = torch::stable::transpose(d_gates, 0, 1);
-  // grad_weights = d_gates^T @ [old_h, input], written block by block.
-  Tensor grad_weights = torch::stable::new_empty(weights, {3 * n.state, n.state + n.features});
-  Tensor grad_w_h = torch::stable::narrow(grad_weights, 1, 0, n.state);
-  Tensor grad_w_x = torch::stable::narrow(grad_weights, 1, n.state, n.features);
-  addmm_out(grad_w_h, grad_w_h, d_gates_t, old_h, /*beta=*/0.0);
-  addmm_out(grad_w_x, grad_w_x, d_gates_t, input, /*beta=*/0.0);
+  // grad_weights = d_gates^T @ [old_h, input].
+  Tensor grad_weights = new_matrix(weights, 3 * n.state, n.state + n.features);
+  addmm_out(grad_weights, grad_weights, transposed(d_gates), concat_h_x(old_h, input, n), 0.0);
   const int64_t batch_dim[] = {0};
   Tensor grad_bias = torch::stable::sum(d_gates, torch::headeronly::IntHeaderOnlyArrayRef(batch_dim, 1));
 
-  // grad_[old_h, input] = d_gates @ W, again block by block.
-  Tensor grad_old_h = torch::stable::new_empty(input, {n.batch, n.state});
-  Tensor grad_input = torch::stable::new_empty(input, {n.batch, n.features});
-  addmm_out(grad_old_h, grad_old_h, d_gates, torch::stable::narrow(weights, 1, 0, n.state), 0.0);
-  addmm_out(grad_input, grad_input, d_gates, torch::stable::narrow(weights, 1, n.state, n.features), 0.0);
+  // grad_[old_h, input] = d_gates @ W, block by block, straight into the outputs.
+  Tensor grad_old_h = new_matrix(input, n.batch, n.state);
+  Tensor grad_input = new_matrix(input, n.batch, n.features);
+  addmm_out(grad_old_h, grad_old_h, d_gates, column_block(weights, 0, n.state, false), 0.0);
+  addmm_out(grad_input, grad_input, d_gates, column_block(weights, n.state, n.features, false), 0.0);
   return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
 }
 

@@ -1,4 +1,4 @@
-// Tensor plumbing for the CPU kernels, straight on the C shim.
+// Tensor plumbing shared by the backends, straight on the C shim.
 //
 // At the tutorial's sizes one LLTM step is a few microseconds of arithmetic,
 // so per-call overhead decides the speed. torch::stable's narrow, transpose,
@@ -7,12 +7,11 @@
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
-#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
 
-namespace lltm::cpu {
+namespace lltm {
 
 using torch::stable::Tensor;
 
@@ -38,7 +37,8 @@ Matrix<T> row_of(const Tensor& t) {
   return {static_cast<T*>(t.data_ptr()), 0, t.stride(0)};
 }
 
-// A new contiguous (rows, cols) tensor with the dtype and device of `like`.
+// A new contiguous (rows, cols) tensor with the dtype and device of `like`
+// (any device: the allocation goes to that device's allocator).
 inline Tensor new_matrix(const Tensor& like, int64_t rows, int64_t cols) {
   int32_t dtype = 0, device_type = 0, device_index = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
@@ -81,4 +81,4 @@ inline Tensor column_block(const Tensor& t, int64_t first, int64_t count, bool t
 
 inline Tensor transposed(const Tensor& t) { return column_block(t, 0, t.size(1), true); }
 
-}  // namespace lltm::cpu
+}  // namespace lltm
