@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .ops import check_backward_args, check_forward_args
+from ._checks import check_backward_args, check_forward_args
 
 
 def forward(

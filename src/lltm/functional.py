@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from . import ops
+from ._checks import check_forward_args
 
 
 def lltm_cell(
@@ -29,6 +30,6 @@ def lltm_cell(
         # The dispatcher's message for a non-Tensor argument is long and names
         # no expected type: this raises a TypeError naming the argument. (Checked
         # only on failure: the common path pays nothing for it.)
-        ops.check_forward_args(input, weights, bias, old_h, old_cell)
+        check_forward_args(input, weights, bias, old_h, old_cell)
         raise
     return new_h, new_cell

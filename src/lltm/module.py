@@ -2,37 +2,22 @@
 
 from __future__ import annotations
 
-import math
-
-import torch
 from torch import Tensor
 
+from . import reference
 from .functional import lltm_cell
 
 
-class LLTM(torch.nn.Module):
-    """The LLTM cell as an ``nn.Module``.
+class LLTM(reference.LLTM):
+    """The LLTM cell as an ``nn.Module``, running the fused operator.
 
-    Same constructor, parameters (``weights``: ``(3 * state_size,
-    input_features + state_size)``, ``bias``: ``(3 * state_size,)``),
-    initialisation and call convention as the module of PyTorch's C++/CUDA
-    extension tutorial, so its state_dicts load unchanged::
+    It is the tutorial's module (:class:`lltm.reference.LLTM`) with its
+    constructor, parameters (``weights``: ``(3 * state_size, input_features +
+    state_size)``, ``bias``: ``(3 * state_size,)``), initialisation and call
+    convention, so its state_dicts load unchanged; only ``forward`` differs::
 
         new_h, new_cell = rnn(input, (old_h, old_cell))
     """
-
-    def __init__(self, input_features: int, state_size: int) -> None:
-        super().__init__()
-        self.input_features = input_features
-        self.state_size = state_size
-        self.weights = torch.nn.Parameter(torch.empty(3 * state_size, input_features + state_size))
-        self.bias = torch.nn.Parameter(torch.empty(3 * state_size))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        stdv = 1.0 / math.sqrt(self.state_size)
-        for weight in self.parameters():
-            weight.data.uniform_(-stdv, +stdv)
 
     def forward(self, input: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         old_h, old_cell = state

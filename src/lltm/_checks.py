@@ -1,0 +1,111 @@
+"""Argument checks of the lltm operators, as the C++ kernels make them.
+
+This mirrors csrc/lltm_checks.h message for message: the fake kernels and the
+composite kernel run these, so eager, compiled and fallback calls fail alike,
+with a short error naming the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _shape(t: Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def _fail(message: str) -> None:
+    raise ValueError(f"lltm: {message}")
+
+
+def _check_same(first: Tensor, first_name: str, t: Tensor, name: str) -> None:
+    if t.dtype != first.dtype:
+        _fail(
+            f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}; "
+            "all arguments must share one floating dtype"
+        )
+    if t.device != first.device:
+        _fail(f"{name} is on another device than {first_name}; all arguments must be on one device")
+
+
+def _check_matrix(t: Tensor, name: str, rows: Any, cols: Any, expected: str) -> None:
+    if t.dim() != 2 or t.shape[0] != rows or t.shape[1] != cols:
+        _fail(f"{name} must have shape {expected} = ({rows}, {cols}), got {_shape(t)}")
+
+
+def _check_weights(weights: Tensor, state: Any, features: Any) -> None:
+    expected = "(3 * state_size, state_size + input_features)"
+    _check_matrix(weights, "weights", 3 * state, state + features, expected)
+
+
+def _check_supported_dtype(input: Tensor) -> None:
+    if input.dtype not in _FLOATING:
+        _fail(
+            f"input has dtype {input.dtype}; expected torch.float32, torch.float64, "
+            "torch.float16 or torch.bfloat16"
+        )
+
+
+def check_forward_args(
+    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+) -> tuple[Any, Any, Any]:
+    """Validates forward's arguments like the C++ kernels do; returns (B, F, S)."""
+    for name, t in (
+        ("input", input),
+        ("weights", weights),
+        ("bias", bias),
+        ("old_h", old_h),
+        ("old_cell", old_cell),
+    ):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"lltm: {name} must be a Tensor, got {type(t).__name__}")
+    _check_supported_dtype(input)
+    for name, t in (("weights", weights), ("bias", bias), ("old_h", old_h), ("old_cell", old_cell)):
+        _check_same(input, "input", t, name)
+    if input.dim() != 2:
+        _fail(f"input must be 2-D (batch, input_features), got shape {_shape(input)}")
+    if old_h.dim() != 2:
+        _fail(f"old_h must be 2-D (batch, state_size), got shape {_shape(old_h)}")
+    batch, features, state = input.shape[0], input.shape[1], old_h.shape[1]
+    _check_matrix(old_h, "old_h", batch, state, "(batch, state_size)")
+    _check_matrix(old_cell, "old_cell", batch, state, "(batch, state_size)")
+    _check_weights(weights, state, features)
+    if bias.dim() != 1 or bias.shape[0] != 3 * state:
+        _fail(f"bias must have shape (3 * state_size,) = ({3 * state},), got {_shape(bias)}")
+    return batch, features, state
+
+
+def check_backward_args(
+    grad_h: Tensor,
+    grad_cell: Tensor,
+    new_cell: Tensor,
+    gates: Tensor,
+    input: Tensor,
+    old_h: Tensor,
+    weights: Tensor,
+) -> tuple[Any, Any, Any]:
+    """Validates backward's arguments like the C++ kernels do; returns (B, F, S)."""
+    _check_supported_dtype(input)
+    others = {
+        "grad_h": grad_h,
+        "grad_cell": grad_cell,
+        "new_cell": new_cell,
+        "gates": gates,
+        "old_h": old_h,
+        "weights": weights,
+    }
+    for name, t in others.items():
+        _check_same(input, "input", t, name)
+    if input.dim() != 2 or old_h.dim() != 2:
+        _fail(f"input and old_h must be 2-D, got shapes {_shape(input)} and {_shape(old_h)}")
+    batch, features, state = input.shape[0], input.shape[1], old_h.shape[1]
+    for name in ("old_h", "grad_h", "grad_cell", "new_cell"):
+        _check_matrix(others[name], name, batch, state, "(batch, state_size)")
+    _check_matrix(gates, "gates", batch, 3 * state, "(batch, 3 * state_size)")
+    _check_weights(weights, state, features)
+    return batch, features, state
