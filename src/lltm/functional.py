@@ -24,12 +24,11 @@ def lltm_cell(
         ``(new_h, new_cell)``, each ``(batch, state_size)``. Differentiable with
         respect to every argument; works under ``torch.compile``.
     """
-    try:
-        new_h, new_cell, _gates = ops.forward(input, weights, bias, old_h, old_cell)
-    except (TypeError, RuntimeError):
-        # The dispatcher's message for a non-Tensor argument is long and names
-        # no expected type: this raises a TypeError naming the argument. (Checked
-        # only on failure: the common path pays nothing for it.)
-        check_forward_args(input, weights, bias, old_h, old_cell)
-        raise
+    args = (input, weights, bias, old_h, old_cell)
+    if not all(isinstance(t, Tensor) for t in args):
+        # The dispatcher's own message is long and names no expected type.
+        # (Checked up front, not in an `except`: torch.compile reports errors
+        # raised inside an exception handler as graph breaks.)
+        check_forward_args(*args)  # raises a TypeError naming the argument
+    new_h, new_cell, _gates = ops.forward(*args)
     return new_h, new_cell
