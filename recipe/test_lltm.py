@@ -9,24 +9,8 @@ import lltm
 from lltm import _backends, reference
 
 
-def inputs(device: str) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    batch, features, state = 4, 8, 16
-    shapes = [
-        (batch, features),
-        (3 * state, state + features),
-        (3 * state,),
-        (batch, state),
-        (batch, state),
-    ]
-    return [
-        torch.randn(shape, generator=generator, dtype=torch.float64).to(device).requires_grad_()
-        for shape in shapes
-    ]
-
-
 def check(device: str) -> None:
-    args = inputs(device)
+    args = reference.example_inputs(4, 8, 16, device=device, requires_grad=True)
     out = lltm.lltm_cell(*args)
     expected = reference.lltm_cell(*args)
     torch.testing.assert_close(out, expected)

@@ -12,20 +12,10 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import lltm
 
-import torch
 
 from lltm import info, reference
 
-generator = torch.Generator().manual_seed(0)
-batch, features, state = 4, 3, 5
-shapes = [
-    (batch, features),
-    (3 * state, state + features),
-    (3 * state,),
-    (batch, state),
-    (batch, state),
-]
-inputs = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+inputs = reference.example_inputs()
 error = max(
     (ours - theirs).abs().max().item()
     for ours, theirs in zip(lltm.lltm_cell(*inputs), reference.lltm_cell(*inputs), strict=True)

@@ -30,18 +30,7 @@ def test_info_command_runs():
 
 
 def test_cpu_step_matches_reference():
-    generator = torch.Generator().manual_seed(0)
-    batch, features, state = 4, 3, 5
-    shapes = [
-        (batch, features),
-        (3 * state, state + features),
-        (3 * state,),
-        (batch, state),
-        (batch, state),
-    ]
-    inputs = [
-        torch.randn(s, generator=generator, dtype=torch.float64, requires_grad=True) for s in shapes
-    ]
+    inputs = reference.example_inputs(requires_grad=True)
     outputs = lltm.lltm_cell(*inputs)
     expected = reference.lltm_cell(*inputs)
     torch.testing.assert_close(outputs, expected)

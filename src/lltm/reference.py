@@ -29,6 +29,34 @@ def lltm_cell(
     return new_h, new_cell
 
 
+def example_inputs(
+    batch: int = 4,
+    features: int = 3,
+    state: int = 5,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
+    requires_grad: bool = False,
+    seed: int = 0,
+) -> list[Tensor]:
+    """Random ``[input, weights, bias, old_h, old_cell]`` for one step, from a
+    seeded generator: the arguments of :func:`lltm_cell` in order."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [
+        (batch, features),
+        (3 * state, state + features),
+        (3 * state,),
+        (batch, state),
+        (batch, state),
+    ]
+    return [
+        torch.randn(shape, generator=generator, dtype=dtype)
+        .to(device)
+        .requires_grad_(requires_grad)
+        for shape in shapes
+    ]
+
+
 class LLTM(torch.nn.Module):
     """The tutorial's pure-PyTorch module, parameter for parameter.
 
