@@ -49,6 +49,15 @@ def make_inputs(
     ]
 
 
+def make_backward_args(inputs: list[Tensor]) -> tuple[Tensor, ...]:
+    """Arguments of lltm::backward for one forward of ``inputs``, with random
+    upstream gradients: (grad_h, grad_cell, new_cell, gates, input, old_h, weights)."""
+    new_h, new_cell, gates = torch.ops.lltm.forward(*inputs)
+    input, weights, _, old_h, _ = inputs
+    grad_h, grad_cell = make_grad_outputs(new_h, new_cell)
+    return (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+
+
 def make_grad_outputs(new_h: Tensor, new_cell: Tensor, seed: int = 1) -> tuple[Tensor, Tensor]:
     """Random upstream gradients for (new_h, new_cell): catches a swapped or
     dropped gradient, which an all-ones cotangent (``.sum()``) can hide."""

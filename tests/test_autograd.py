@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GRAD_NAMES, OUTPUT_NAMES, assert_all_close, make_inputs, run_cell
+from conftest import (
+    GRAD_NAMES,
+    OUTPUT_NAMES,
+    assert_all_close,
+    make_backward_args,
+    make_inputs,
+    run_cell,
+)
 
 import lltm
 from lltm import reference
@@ -94,18 +101,7 @@ def _forward_args(shape, dtype=torch.float64, requires_grad=False, seed=0):
 
 
 def _backward_args(shape, dtype=torch.float64, requires_grad=False):
-    inputs = make_inputs(*shape, dtype=dtype)
-    new_h, new_cell, gates = torch.ops.lltm.forward(*inputs)
-    input, weights, _, old_h, _ = inputs
-    args = (
-        torch.randn_like(new_h),
-        torch.randn_like(new_cell),
-        new_cell,
-        gates,
-        input,
-        old_h,
-        weights,
-    )
+    args = make_backward_args(make_inputs(*shape, dtype=dtype))
     return tuple(t.clone().requires_grad_(requires_grad) for t in args)
 
 

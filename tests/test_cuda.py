@@ -17,6 +17,7 @@ from conftest import (
     GRAD_NAMES,
     OUTPUT_NAMES,
     assert_all_close,
+    make_backward_args,
     make_grad_outputs,
     make_inputs,
     run_cell,
@@ -97,18 +98,7 @@ def test_gradcheck(shape):
 
 
 def _backward_args(shape, dtype=torch.float64):
-    inputs = make_inputs(*shape, dtype=dtype, device="cuda")
-    new_h, new_cell, gates = torch.ops.lltm.forward(*inputs)
-    input, weights, _, old_h, _ = inputs
-    return (
-        torch.randn_like(new_h),
-        torch.randn_like(new_cell),
-        new_cell,
-        gates,
-        input,
-        old_h,
-        weights,
-    )
+    return make_backward_args(make_inputs(*shape, dtype=dtype, device="cuda"))
 
 
 @pytest.mark.parametrize(
