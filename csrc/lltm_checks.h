@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace lltm {
 
@@ -153,6 +154,20 @@ inline Sizes check_backward_args(const Tensor& grad_h, const Tensor& grad_cell,
   check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
                "(3 * state_size, state_size + input_features)");
   return n;
+}
+
+// Which gradients lltm::backward computes: its output_mask, in the order of
+// its outputs.
+struct GradMask {
+  bool input, weights, bias, old_h, old_cell;
+};
+
+inline GradMask check_output_mask(const std::vector<bool>& mask) {
+  if (mask.size() != 5) {
+    fail("output_mask must have 5 entries (input, weights, bias, old_h, "
+         "old_cell), got " + std::to_string(mask.size()));
+  }
+  return {mask[0], mask[1], mask[2], mask[3], mask[4]};
 }
 
 }  // namespace lltm

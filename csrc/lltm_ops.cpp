@@ -14,10 +14,15 @@ STABLE_TORCH_LIBRARY(lltm, m) {
       "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
       "Tensor old_cell) -> (Tensor new_h, Tensor new_cell, Tensor gates)");
   // Gradients of one step with respect to (input, weights, bias, old_h,
-  // old_cell), given the upstream gradients of new_h and new_cell.
+  // old_cell), given the upstream gradients of new_h and new_cell. As in
+  // ATen's own backward ops, output_mask says which of the five are wanted;
+  // the others are not computed and come back as None. Autograd passes
+  // ctx.needs_input_grad, so frozen parameters cost no weight-gradient GEMM
+  // and inputs that need no grad no d_gates @ W.
   m.def(
       "backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, "
-      "Tensor gates, Tensor input, Tensor old_h, Tensor weights) -> "
-      "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
-      "Tensor grad_old_h, Tensor grad_old_cell)");
+      "Tensor gates, Tensor input, Tensor old_h, Tensor weights, "
+      "bool[5] output_mask) -> "
+      "(Tensor? grad_input, Tensor? grad_weights, Tensor? grad_bias, "
+      "Tensor? grad_old_h, Tensor? grad_old_cell)");
 }

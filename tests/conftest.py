@@ -6,6 +6,8 @@ shapes follow the op's contract (see lltm.functional.lltm_cell).
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -13,6 +15,13 @@ import torch
 from torch import Tensor
 
 ARG_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # torch.compile caches compiled graphs on disk, keyed by the forward graph:
+    # a backward compiled against an older lltm would be reused. Tests compile
+    # the code under test, in a cache of their own.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lltm-inductor-")
 
 
 def input_shapes(batch: int, features: int, state: int) -> list[tuple[int, ...]]:
@@ -49,13 +58,20 @@ def make_inputs(
     ]
 
 
-def make_backward_args(inputs: list[Tensor]) -> tuple[Tensor, ...]:
+# lltm::backward's output_mask asking for all five gradients.
+ALL_GRADS = [True] * 5
+
+
+def make_backward_args(
+    inputs: list[Tensor], output_mask: Sequence[bool] = ALL_GRADS
+) -> tuple[Tensor | list[bool], ...]:
     """Arguments of lltm::backward for one forward of ``inputs``, with random
-    upstream gradients: (grad_h, grad_cell, new_cell, gates, input, old_h, weights)."""
+    upstream gradients: (grad_h, grad_cell, new_cell, gates, input, old_h,
+    weights, output_mask)."""
     new_h, new_cell, gates = torch.ops.lltm.forward(*inputs)
     input, weights, _, old_h, _ = inputs
     grad_h, grad_cell = make_grad_outputs(new_h, new_cell)
-    return (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+    return (grad_h, grad_cell, new_cell, gates, input, old_h, weights, list(output_mask))
 
 
 def make_grad_outputs(new_h: Tensor, new_cell: Tensor, seed: int = 1) -> tuple[Tensor, Tensor]:

@@ -101,8 +101,8 @@ def _forward_args(shape, dtype=torch.float64, requires_grad=False, seed=0):
 
 
 def _backward_args(shape, dtype=torch.float64, requires_grad=False):
-    args = make_backward_args(make_inputs(*shape, dtype=dtype))
-    return tuple(t.clone().requires_grad_(requires_grad) for t in args)
+    *tensors, mask = make_backward_args(make_inputs(*shape, dtype=dtype))
+    return (*(t.clone().requires_grad_(requires_grad) for t in tensors), mask)
 
 
 def _partly_requiring_grad():
@@ -144,6 +144,7 @@ def test_backward_op_outputs_never_require_grad(make_args):
     # the step instead): differentiating through a direct call must fail
     # loudly, not treat the gradients as constants.
     grads = torch.ops.lltm.backward.default(*make_args())
+    assert len(grads) == 5
     assert not any(g.requires_grad for g in grads)
 
 

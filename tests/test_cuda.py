@@ -159,10 +159,12 @@ def test_non_contiguous_and_misaligned_arguments(layout, dtype):
 
 
 def test_backward_accepts_misaligned_saved_tensors():
-    grad_h, grad_cell, new_cell, gates, input, old_h, weights = _backward_args((5, 3, 16))
-    expected = torch.ops.lltm.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+    grad_h, grad_cell, new_cell, gates, input, old_h, weights, mask = _backward_args((5, 3, 16))
+    expected = torch.ops.lltm.backward(
+        grad_h, grad_cell, new_cell, gates, input, old_h, weights, mask
+    )
     args = [_misaligned(t) for t in (grad_h, grad_cell, new_cell, gates)]
-    actual = torch.ops.lltm.backward(*args, input, old_h, weights)
+    actual = torch.ops.lltm.backward(*args, input, old_h, weights, mask)
     assert_all_close(actual, expected, GRAD_NAMES)
 
 

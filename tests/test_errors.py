@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_inputs
+from conftest import ALL_GRADS, make_inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lltm
@@ -175,7 +175,7 @@ SAME_DEVICE_CASES = [name for name in FORWARD_CASES if "meta" not in name]
 
 
 def _to_meta(args):
-    return [t.to("meta") for t in args]
+    return [t.to("meta") if isinstance(t, torch.Tensor) else t for t in args]
 
 
 @pytest.mark.parametrize("case", SAME_DEVICE_CASES)
@@ -230,7 +230,7 @@ def _backward_with(**changes):
         weights=weights,
     )
     args.update({name: change(args[name]) for name, change in changes.items()})
-    return list(args.values())
+    return [*args.values(), ALL_GRADS]
 
 
 BACKWARD_CASES = {
@@ -271,7 +271,7 @@ BACKWARD_CASES = {
         r"grad_h has dtype torch\.bfloat16 but input has torch\.float64",
     ),
     "input_int": (
-        [t.long() for t in _backward_with()],
+        [*(t.long() for t in _backward_with()[:-1]), ALL_GRADS],
         r"input has dtype torch\.int64; expected torch\.float32, torch\.float64, torch\.float16 or torch\.bfloat16",
     ),
     "weights_meta": (

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GRAD_NAMES, assert_all_close, make_inputs
+from conftest import ALL_GRADS, GRAD_NAMES, assert_all_close, make_inputs
 
 from lltm import _backends, _composite
 
@@ -59,7 +59,7 @@ def test_composite_kernel_matches_native_cpu_kernel(shape):
     grad_h, grad_cell = (
         torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in (new_h, new_cell)
     )
-    args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+    args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, ALL_GRADS)
     assert_all_close(_composite.backward(*args), torch.ops.lltm.backward(*args), GRAD_NAMES)
 
 

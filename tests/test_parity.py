@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GRAD_NAMES, OUTPUT_NAMES, assert_all_close, make_inputs, run_cell
+from conftest import ALL_GRADS, GRAD_NAMES, OUTPUT_NAMES, assert_all_close, make_inputs, run_cell
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -167,7 +167,7 @@ def _assert_composite_equals_native(inputs):
     new_h, new_cell, gates = native
     grad_h, grad_cell = torch.randn_like(new_h), torch.randn_like(new_cell)
     input, weights, _, old_h, _ = inputs
-    args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+    args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, ALL_GRADS)
     assert_all_close(_composite.backward(*args), torch.ops.lltm.backward(*args), GRAD_NAMES)
 
 

@@ -22,7 +22,9 @@
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
 
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "../lltm_checks.h"
 #include "../lltm_tensor.h"
@@ -198,10 +200,14 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights,
   return {new_h, new_cell, gates};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward(
-    Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
-    Tensor input, Tensor old_h, Tensor weights) {
+using Grads = std::tuple<std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
+                         std::optional<Tensor>, std::optional<Tensor>>;
+
+Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
+               Tensor input, Tensor old_h, Tensor weights,
+               std::vector<bool> output_mask) {
   const Sizes n = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
+  const GradMask want = check_output_mask(output_mask);
   const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
   const Tensor grad_h_c = torch::stable::contiguous(grad_h);
   const Tensor grad_cell_c = torch::stable::contiguous(grad_cell);
@@ -215,17 +221,27 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward(
   }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
 
   // grad_weights = d_gates^T @ [old_h, input].
-  Tensor grad_weights = new_matrix(weights, 3 * n.state, n.state + n.features);
-  addmm_out(grad_weights, grad_weights, transposed(d_gates), concat_h_x(old_h, input, n), 0.0);
-  const int64_t batch_dim[] = {0};
-  Tensor grad_bias = torch::stable::sum(d_gates, torch::headeronly::IntHeaderOnlyArrayRef(batch_dim, 1));
-
-  // grad_[old_h, input] = d_gates @ W, block by block, straight into the outputs.
-  Tensor grad_old_h = new_matrix(input, n.batch, n.state);
-  Tensor grad_input = new_matrix(input, n.batch, n.features);
-  addmm_out(grad_old_h, grad_old_h, d_gates, column_block(weights, 0, n.state, false), 0.0);
-  addmm_out(grad_input, grad_input, d_gates, column_block(weights, n.state, n.features, false), 0.0);
-  return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
+  std::optional<Tensor> grad_weights, grad_bias, grad_old_h, grad_input;
+  if (want.weights) {
+    grad_weights = new_matrix(weights, 3 * n.state, n.state + n.features);
+    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), concat_h_x(old_h, input, n), 0.0);
+  }
+  if (want.bias) {
+    const int64_t batch_dim[] = {0};
+    grad_bias = torch::stable::sum(d_gates, torch::headeronly::IntHeaderOnlyArrayRef(batch_dim, 1));
+  }
+  // grad_[old_h, input] = d_gates @ W, block by block, straight into the
+  // outputs, each only when wanted.
+  if (want.old_h) {
+    grad_old_h = new_matrix(input, n.batch, n.state);
+    addmm_out(*grad_old_h, *grad_old_h, d_gates, column_block(weights, 0, n.state, false), 0.0);
+  }
+  if (want.input) {
+    grad_input = new_matrix(input, n.batch, n.features);
+    addmm_out(*grad_input, *grad_input, d_gates, column_block(weights, n.state, n.features, false), 0.0);
+  }
+  return {grad_input, grad_weights, grad_bias, grad_old_h,
+          want.old_cell ? std::optional<Tensor>(grad_old_cell) : std::nullopt};
 }
 
 }  // namespace

@@ -109,3 +109,14 @@ def check_backward_args(
     _check_matrix(gates, "gates", batch, 3 * state, "(batch, 3 * state_size)")
     _check_weights(weights, state, features)
     return batch, features, state
+
+
+def check_output_mask(output_mask: Any) -> tuple[bool, bool, bool, bool, bool]:
+    """lltm::backward's output_mask: which of (input, weights, bias, old_h,
+    old_cell) get a gradient."""
+    if len(output_mask) != 5:
+        _fail(
+            "output_mask must have 5 entries (input, weights, bias, old_h, old_cell), "
+            f"got {len(output_mask)}"
+        )
+    return tuple(bool(want) for want in output_mask)  # type: ignore[return-value]

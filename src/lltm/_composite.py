@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_backward_args, check_forward_args
+from ._checks import check_backward_args, check_forward_args, check_output_mask
 
 
 def forward(
@@ -36,8 +36,10 @@ def backward(
     input: Tensor,
     old_h: Tensor,
     weights: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    output_mask: list[bool],
+) -> tuple[Tensor | None, ...]:
     state = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights)[2]
+    want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
     i, o, g = gates.chunk(3, dim=1)
     t = torch.tanh(new_cell)
     d_cell = grad_h * o * (1 - t * t) + grad_cell
@@ -49,12 +51,10 @@ def backward(
         ],
         dim=1,
     )
-    grad_weights = d_gates.t() @ torch.cat([old_h, input], dim=1)
-    grad_x = d_gates @ weights
     return (
-        grad_x[:, state:].contiguous(),
-        grad_weights,
-        d_gates.sum(dim=0),
-        grad_x[:, :state].contiguous(),
-        d_cell,
+        d_gates @ weights[:, state:] if want_input else None,
+        d_gates.t() @ torch.cat([old_h, input], dim=1) if want_weights else None,
+        d_gates.sum(dim=0) if want_bias else None,
+        d_gates @ weights[:, :state] if want_old_h else None,
+        d_cell if want_old_cell else None,
     )

@@ -30,5 +30,4 @@ def lltm_cell(
         # (Checked up front, not in an `except`: torch.compile reports errors
         # raised inside an exception handler as graph breaks.)
         check_forward_args(*args)  # raises a TypeError naming the argument
-    new_h, new_cell, _gates = ops.forward(*args)
-    return new_h, new_cell
+    return ops.cell(*args)

@@ -4,14 +4,25 @@ Importing this module loads the compiled library (``lltm._C``), whose static
 initialisers declare the op schemas and register the CPU kernels. Here the
 public ``torch.library`` API adds what is not a kernel:
 
-* the autograd formula (``register_autograd``): backward is its own op;
+* the autograd formula (``register_autograd``): backward is its own op, told
+  by ``output_mask`` which gradients autograd needs;
 * fake kernels (``register_fake``) so torch.compile and meta tensors can trace
   the op without running it, with the same argument checks as the C++ side
   (lltm/_checks.py mirrors csrc/lltm_checks.h).
+
+The same formula also backs :func:`cell`, the eager entry point of
+``lltm.lltm_cell``: a plain ``torch.autograd.Function`` that calls the kernels
+below the autograd dispatch key. It computes exactly what the registered
+formula computes (the same two functions below), minus the cost of
+``register_autograd``'s generic wrapper (argument re-binding, a second trip
+through the dispatcher), which at the tutorial's size is a third of the cell's
+forward time. torch.compile, torch.func and direct calls of
+``torch.ops.lltm.forward`` use the registered formula.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -19,10 +30,15 @@ from torch import Tensor
 
 # Importing _C registers the operators.
 from . import _C, reference  # noqa: F401
-from ._checks import check_backward_args, check_forward_args
+from ._checks import check_backward_args, check_forward_args, check_output_mask
 
 forward = torch.ops.lltm.forward.default
 backward = torch.ops.lltm.backward.default
+
+# Runs the backend kernel directly, skipping the autograd key (what
+# register_autograd's own wrapper does); private to torch, so degrade to a
+# plain (slower, equally correct) call should it ever go away.
+_below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", contextlib.nullcontext)
 
 
 @torch.library.register_fake("lltm::forward")
@@ -46,32 +62,45 @@ def _backward_fake(
     input: Tensor,
     old_h: Tensor,
     weights: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    output_mask: list[bool],
+) -> tuple[Tensor | None, ...]:
     batch, features, state = check_backward_args(
         grad_h, grad_cell, new_cell, gates, input, old_h, weights
     )
-    return (
-        input.new_empty((batch, features)),
-        weights.new_empty((3 * state, state + features)),
-        weights.new_empty((3 * state,)),
-        input.new_empty((batch, state)),
-        input.new_empty((batch, state)),
+    wanted = check_output_mask(output_mask)
+    shapes = (
+        (input, (batch, features)),
+        (weights, (3 * state, state + features)),
+        (weights, (3 * state,)),
+        (input, (batch, state)),
+        (input, (batch, state)),
     )
+    return tuple(
+        like.new_empty(shape) if want else None
+        for (like, shape), want in zip(shapes, wanted, strict=True)
+    )
+
+
+# --- The autograd formula: one definition, two entry points ----------------------
+
+
+def _save(ctx: Any, inputs: tuple[Tensor, ...], new_cell: Tensor, gates: Tensor) -> None:
+    # All five inputs: double backward recomputes the step from them.
+    ctx.save_for_backward(*inputs, new_cell, gates)
+    # Autograd would otherwise allocate and zero a gradient for every output
+    # that does not reach the loss; _backward handles the None itself.
+    ctx.set_materialize_grads(False)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
     _new_h, new_cell, gates = output
     # `gates` only feeds backward: gradients flowing into it are not defined.
     ctx.mark_non_differentiable(gates)
-    # All five inputs: double backward recomputes the step from them.
-    ctx.save_for_backward(*inputs, new_cell, gates)
-    # Autograd would otherwise allocate and zero a (batch, 3 * state) tensor
-    # for the gradient of `gates` on every backward; _backward ignores it.
-    ctx.set_materialize_grads(False)
+    _save(ctx, inputs, new_cell, gates)
 
 
 def _backward(
-    ctx: Any, grad_h: Tensor | None, grad_cell: Tensor | None, _grad_gates: Tensor | None
+    ctx: Any, grad_h: Tensor | None, grad_cell: Tensor | None, *_grad_gates: Tensor | None
 ) -> tuple[Tensor | None, ...]:
     input, weights, bias, old_h, old_cell, new_cell, gates = ctx.saved_tensors
     # Without materialized gradients, an output that does not reach the loss
@@ -84,11 +113,10 @@ def _backward(
         # create_graph=True. lltm::backward has no derivative of its own:
         # autograd would silently treat its result as a constant.
         return _recomputed_backward(ctx, (input, weights, bias, old_h, old_cell), grad_h, grad_cell)
-    grads = backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights)
-    needed = ctx.needs_input_grad
-    if all(needed):  # the common case: skip building a new tuple
-        return grads
-    return tuple(g if need else None for g, need in zip(grads, needed, strict=True))
+    # Only the gradients autograd asks for are computed; the rest are None.
+    return backward(
+        grad_h, grad_cell, new_cell, gates, input, old_h, weights, list(ctx.needs_input_grad)
+    )
 
 
 def _recomputed_backward(
@@ -115,3 +143,44 @@ torch.library.register_autograd("lltm::forward", _backward, setup_context=_setup
 # through a direct call fails loudly instead of treating it as a constant.
 _library = torch.library.Library("lltm", "IMPL")
 _library.impl("backward", torch.library.fallthrough_kernel, "Autograd")
+
+
+class _Cell(torch.autograd.Function):
+    """lltm::forward with the formula above, for eager calls (see the module
+    docstring). `gates` is saved, not returned: it is no output here."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        with _below_autograd():
+            new_h, new_cell, gates = forward(input, weights, bias, old_h, old_cell)
+        _save(ctx, (input, weights, bias, old_h, old_cell), new_cell, gates)
+        return new_h, new_cell
+
+    backward = staticmethod(_backward)  # type: ignore[assignment]
+
+
+def cell(
+    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One differentiable LLTM step: ``(new_h, new_cell)``.
+
+    Under torch.compile and torch.func transforms this is the registered op,
+    which they trace; in eager mode, the faster autograd.Function above, or
+    the bare kernel when nothing needs a gradient.
+    """
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
+        return new_h, new_cell
+    if torch.is_grad_enabled() and (
+        input.requires_grad
+        or weights.requires_grad
+        or bias.requires_grad
+        or old_h.requires_grad
+        or old_cell.requires_grad
+    ):
+        return _Cell.apply(input, weights, bias, old_h, old_cell)
+    with _below_autograd():
+        new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
+    return new_h, new_cell
