@@ -25,4 +25,28 @@ STABLE_TORCH_LIBRARY(lltm, m) {
       "bool[5] output_mask) -> "
       "(Tensor? grad_input, Tensor? grad_weights, Tensor? grad_bias, "
       "Tensor? grad_old_h, Tensor? grad_old_cell)");
+
+  // The cell run over a whole sequence in one call: step t is `forward` on
+  // step t's input and the previous step's state. `input` is (T, batch,
+  // features), or packed (sum(batch_sizes), features) with `batch_sizes`
+  // (T,), an int64 CPU tensor of non-increasing sizes as in a PackedSequence:
+  // step t then updates only the first batch_sizes[t] sequences. `reverse`
+  // runs the steps from last to first (the backward direction of a
+  // bidirectional layer). `output` holds every step's new_h, laid out like
+  // `input`; h_n and c_n are each sequence's state after its last step.
+  // `gates` and `cells` (every step's activated gates and new_cell) are what
+  // backward needs; they are not differentiable.
+  m.def(
+      "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
+      "Tensor old_cell, Tensor? batch_sizes, bool reverse) -> "
+      "(Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
+  // Backpropagation through time. The gradients of output, h_n and c_n may
+  // each be None (that output did not reach the loss); output_mask selects
+  // the gradients wanted, as in `backward`.
+  m.def(
+      "sequence_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor output, Tensor gates, Tensor cells, Tensor input, Tensor weights, "
+      "Tensor old_h, Tensor? batch_sizes, bool reverse, bool[5] output_mask) -> "
+      "(Tensor? grad_input, Tensor? grad_weights, Tensor? grad_bias, "
+      "Tensor? grad_old_h, Tensor? grad_old_cell)");
 }

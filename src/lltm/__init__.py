@@ -11,7 +11,15 @@ from __future__ import annotations
 # _backends loads the CUDA plugin when usable and registers the fallback kernel.
 from . import _backends, ops, reference  # noqa: F401
 from ._version import __version__
-from .functional import lltm_cell
-from .module import LLTM
+from .functional import lltm_cell, lltm_sequence
+from .module import LLTM, LLTMSequence
 
-__all__ = ["LLTM", "__version__", "lltm_cell", "ops", "reference"]
+__all__ = [
+    "LLTM",
+    "LLTMSequence",
+    "__version__",
+    "lltm_cell",
+    "lltm_sequence",
+    "ops",
+    "reference",
+]

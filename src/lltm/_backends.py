@@ -20,7 +20,9 @@ import importlib
 import importlib.util
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -187,16 +189,24 @@ def _warn_composite(device: torch.device) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _forward_composite(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    _warn_composite(args[0].device)
-    return _composite.forward(*args)
+def _warning_first(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """A forward kernel that warns once per device type before running."""
 
+    def run(input: torch.Tensor, *args: Any) -> Any:
+        _warn_composite(input.device)
+        return kernel(input, *args)
 
-def _backward_composite(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return _composite.backward(*args)
+    return run
 
 
 # device_types=None registers the CompositeExplicitAutograd entry: the kernel
-# for every device that has no native one of its own.
-torch.library.register_kernel("lltm::forward", None, _forward_composite)
-torch.library.register_kernel("lltm::backward", None, _backward_composite)
+# for every device that has no native one of its own. Forwards warn (once per
+# device type); their backwards only run after a forward has.
+_COMPOSITE_KERNELS = {
+    "lltm::forward": _warning_first(_composite.forward),
+    "lltm::backward": _composite.backward,
+    "lltm::sequence_forward": _warning_first(_composite.sequence_forward),
+    "lltm::sequence_backward": _composite.sequence_backward,
+}
+for _op, _kernel in _COMPOSITE_KERNELS.items():
+    torch.library.register_kernel(_op, None, _kernel)

@@ -7,7 +7,7 @@ with a short error naming the argument and what was expected.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -120,3 +120,143 @@ def check_output_mask(output_mask: Any) -> tuple[bool, bool, bool, bool, bool]:
             f"got {len(output_mask)}"
         )
     return tuple(bool(want) for want in output_mask)  # type: ignore[return-value]
+
+
+# --- Sequences ------------------------------------------------------------------
+
+
+class SequenceSizes(NamedTuple):
+    """A sequence call: ``steps`` steps over ``batch`` sequences, ``rows`` rows
+    of input in all (steps * batch unless packed)."""
+
+    steps: Any
+    batch: Any
+    rows: Any
+    features: Any
+    state: Any
+    packed: bool
+
+
+def _check_sequence_layout(t: Tensor, name: str, n: SequenceSizes, width: Any, what: str) -> None:
+    if n.packed:
+        if t.dim() != 2 or t.shape[0] != n.rows or t.shape[1] != width:
+            _fail(
+                f"{name} must have shape (sum(batch_sizes), {what}) = ({n.rows}, {width}), "
+                f"got {_shape(t)}"
+            )
+    elif t.dim() != 3 or tuple(t.shape) != (n.steps, n.batch, width):
+        _fail(
+            f"{name} must have shape (seq_len, batch, {what}) = ({n.steps}, {n.batch}, {width}), "
+            f"got {_shape(t)}"
+        )
+
+
+def _check_batch_sizes_tensor(batch_sizes: Tensor) -> None:
+    if (
+        batch_sizes.dim() != 1
+        or batch_sizes.dtype != torch.int64
+        or batch_sizes.device.type != "cpu"
+    ):
+        where = "" if batch_sizes.device.type == "cpu" else " on another device"
+        _fail(
+            "batch_sizes must be a 1-D int64 tensor on the CPU, as a PackedSequence's; got shape "
+            f"{_shape(batch_sizes)} of {batch_sizes.dtype}{where}"
+        )
+
+
+def _sequence_sizes(input: Tensor, old_h: Tensor, batch_sizes: Tensor | None) -> SequenceSizes:
+    if old_h.dim() != 2:
+        _fail(f"old_h must be 2-D (batch, state_size), got shape {_shape(old_h)}")
+    state = old_h.shape[1]
+    if batch_sizes is not None:
+        _check_batch_sizes_tensor(batch_sizes)
+        if input.dim() != 2:
+            _fail(
+                "input must be 2-D (sum(batch_sizes), input_features) when batch_sizes is "
+                f"given, got shape {_shape(input)}"
+            )
+        return SequenceSizes(
+            batch_sizes.shape[0], old_h.shape[0], input.shape[0], input.shape[1], state, True
+        )
+    if input.dim() != 3:
+        _fail(f"input must be 3-D (seq_len, batch, input_features), got shape {_shape(input)}")
+    steps, batch, features = input.shape
+    return SequenceSizes(steps, batch, steps * batch, features, state, False)
+
+
+def check_sequence_args(
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor,
+    old_h: Tensor,
+    old_cell: Tensor,
+    batch_sizes: Tensor | None,
+) -> SequenceSizes:
+    """Validates lltm::sequence_forward's arguments like the C++ kernels do."""
+    _check_supported_dtype(input)
+    for name, t in (("weights", weights), ("bias", bias), ("old_h", old_h), ("old_cell", old_cell)):
+        _check_same(input, "input", t, name)
+    n = _sequence_sizes(input, old_h, batch_sizes)
+    _check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)")
+    _check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)")
+    _check_weights(weights, n.state, n.features)
+    if bias.dim() != 1 or bias.shape[0] != 3 * n.state:
+        _fail(f"bias must have shape (3 * state_size,) = ({3 * n.state},), got {_shape(bias)}")
+    return n
+
+
+def check_sequence_backward_args(
+    grad_output: Tensor | None,
+    grad_h_n: Tensor | None,
+    grad_c_n: Tensor | None,
+    output: Tensor,
+    gates: Tensor,
+    cells: Tensor,
+    input: Tensor,
+    weights: Tensor,
+    old_h: Tensor,
+    batch_sizes: Tensor | None,
+) -> SequenceSizes:
+    """Validates lltm::sequence_backward's arguments like the C++ kernels do."""
+    _check_supported_dtype(input)
+    for name, t in (
+        ("output", output),
+        ("gates", gates),
+        ("cells", cells),
+        ("weights", weights),
+        ("old_h", old_h),
+        ("grad_output", grad_output),
+        ("grad_h_n", grad_h_n),
+        ("grad_c_n", grad_c_n),
+    ):
+        if t is not None:
+            _check_same(input, "input", t, name)
+    n = _sequence_sizes(input, old_h, batch_sizes)
+    _check_sequence_layout(input, "input", n, n.features, "input_features")
+    _check_sequence_layout(output, "output", n, n.state, "state_size")
+    _check_sequence_layout(cells, "cells", n, n.state, "state_size")
+    _check_sequence_layout(gates, "gates", n, 3 * n.state, "3 * state_size")
+    if grad_output is not None:
+        _check_sequence_layout(grad_output, "grad_output", n, n.state, "state_size")
+    for name, t in (("grad_h_n", grad_h_n), ("grad_c_n", grad_c_n)):
+        if t is not None:
+            _check_matrix(t, name, n.batch, n.state, "(batch, state_size)")
+    _check_weights(weights, n.state, n.features)
+    return n
+
+
+def sequence_batch_sizes(batch_sizes: Tensor | None, n: SequenceSizes) -> list[int]:
+    """Every step's active batch size, checked like the C++ kernels check it."""
+    if batch_sizes is None:
+        return [int(n.batch)] * int(n.steps)
+    sizes = [int(v) for v in batch_sizes.tolist()]
+    for step, size in enumerate(sizes):
+        limit = n.batch if step == 0 else sizes[step - 1]
+        if size < 1 or size > limit or (step == 0 and size != n.batch):
+            _fail(
+                "batch_sizes must be positive and non-increasing, starting at the batch of old_h "
+                f"({n.batch}); got {size} at step {step}"
+            )
+    if sum(sizes) != n.rows:
+        _fail(f"batch_sizes must sum to the rows of input ({n.rows}), got {sum(sizes)}")
+    return sizes

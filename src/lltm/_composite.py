@@ -9,11 +9,20 @@ just not fused. Tests hold it to the native kernels.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_backward_args, check_forward_args, check_output_mask
+from ._checks import (
+    check_backward_args,
+    check_forward_args,
+    check_output_mask,
+    check_sequence_args,
+    check_sequence_backward_args,
+    sequence_batch_sizes,
+)
 
 
 def forward(
@@ -57,4 +66,126 @@ def backward(
         d_gates.sum(dim=0) if want_bias else None,
         d_gates @ weights[:, :state] if want_old_h else None,
         d_cell if want_old_cell else None,
+    )
+
+
+# --- Sequences --------------------------------------------------------------------
+#
+# The steps run in order (reversed for `reverse`); step t updates the first
+# batch_sizes[t] rows of a running (batch, state) state, the other rows keep
+# theirs. With non-increasing batch sizes that is exactly a PackedSequence:
+# going forward, finished sequences drop out at the end of the batch; going in
+# reverse, a sequence joins when its last element comes up, from old_h.
+
+
+def _steps(n: Any, batch_sizes: Tensor | None, reverse: bool) -> list[tuple[int, slice]]:
+    """(active batch, rows of the step) in the order the steps run."""
+    sizes = sequence_batch_sizes(batch_sizes, n)
+    starts = [sum(sizes[:t]) for t in range(len(sizes))]
+    order = range(len(sizes) - 1, -1, -1) if reverse else range(len(sizes))
+    return [(sizes[t], slice(starts[t], starts[t] + sizes[t])) for t in order]
+
+
+def _rows(t: Tensor, n: Any) -> Tensor:
+    """A tensor of the input's layout as (rows, width)."""
+    return t if n.packed else t.reshape(n.rows, t.shape[-1])
+
+
+def _layout(rows: Tensor, n: Any) -> Tensor:
+    return rows if n.packed else rows.reshape(n.steps, n.batch, rows.shape[-1])
+
+
+def _in_step_order(pieces: dict[int, Tensor], n: Any, width: int, like: Tensor) -> Tensor:
+    """Rows of every step, stacked by row index (pieces keyed by first row)."""
+    if not pieces:
+        return like.new_empty((n.rows, width))
+    return torch.cat([pieces[start] for start in sorted(pieces)], dim=0)
+
+
+def sequence_forward(
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor,
+    old_h: Tensor,
+    old_cell: Tensor,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
+    x_rows = _rows(input, n)
+    h, c = old_h, old_cell
+    outputs: dict[int, Tensor] = {}
+    cells: dict[int, Tensor] = {}
+    gates: dict[int, Tensor] = {}
+    for size, rows in _steps(n, batch_sizes, reverse):
+        new_h, new_cell, step_gates = forward(x_rows[rows], weights, bias, h[:size], c[:size])
+        outputs[rows.start], cells[rows.start], gates[rows.start] = new_h, new_cell, step_gates
+        h = torch.cat([new_h, h[size:]])
+        c = torch.cat([new_cell, c[size:]])
+    return (
+        _layout(_in_step_order(outputs, n, n.state, input), n),
+        h.clone() if h is old_h else h,
+        c.clone() if c is old_cell else c,
+        _layout(_in_step_order(gates, n, 3 * n.state, input), n),
+        _layout(_in_step_order(cells, n, n.state, input), n),
+    )
+
+
+def sequence_backward(
+    grad_output: Tensor | None,
+    grad_h_n: Tensor | None,
+    grad_c_n: Tensor | None,
+    output: Tensor,
+    gates: Tensor,
+    cells: Tensor,
+    input: Tensor,
+    weights: Tensor,
+    old_h: Tensor,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+    output_mask: list[bool],
+) -> tuple[Tensor | None, ...]:
+    n = check_sequence_backward_args(
+        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
+    )
+    want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
+    steps = _steps(n, batch_sizes, reverse)
+    out_rows, gate_rows, cell_rows = _rows(output, n), _rows(gates, n), _rows(cells, n)
+    grad_rows = None if grad_output is None else _rows(grad_output, n)
+    w_h = weights[:, : n.state]
+    # The state each step read, rebuilt as the forward built it.
+    h_prev: dict[int, Tensor] = {}
+    h = old_h
+    for size, rows in steps:
+        h_prev[rows.start] = h[:size]
+        h = torch.cat([out_rows[rows], h[size:]])
+    # Through time, last step first: the running gradients of the state.
+    dh = torch.zeros_like(old_h) if grad_h_n is None else grad_h_n
+    dc = torch.zeros_like(old_h) if grad_c_n is None else grad_c_n
+    d_gates: dict[int, Tensor] = {}
+    for size, rows in reversed(steps):
+        grad_h = dh[:size] if grad_rows is None else dh[:size] + grad_rows[rows]
+        i, o, g = gate_rows[rows].chunk(3, dim=1)
+        t = torch.tanh(cell_rows[rows])
+        d_cell = grad_h * o * (1 - t * t) + dc[:size]
+        step = torch.cat(
+            [
+                d_cell * g * i * (1 - i),
+                grad_h * t * o * (1 - o),
+                d_cell * i * torch.where(g > 0, torch.ones_like(g), g + 1),
+            ],
+            dim=1,
+        )
+        d_gates[rows.start] = step
+        dh = torch.cat([step @ w_h, dh[size:]])
+        dc = torch.cat([d_cell, dc[size:]])
+    all_d_gates = _in_step_order(d_gates, n, 3 * n.state, input)
+    x_rows = _rows(input, n)
+    h_rows = _in_step_order(h_prev, n, n.state, input)
+    return (
+        _layout(all_d_gates @ weights[:, n.state :], n) if want_input else None,
+        all_d_gates.t() @ torch.cat([h_rows, x_rows], dim=1) if want_weights else None,
+        all_d_gates.sum(dim=0) if want_bias else None,
+        (dh.clone() if dh is grad_h_n else dh) if want_old_h else None,
+        (dc.clone() if dc is grad_c_n else dc) if want_old_cell else None,
     )

@@ -31,3 +31,30 @@ def lltm_cell(
         # raised inside an exception handler as graph breaks.)
         check_forward_args(*args)  # raises a TypeError naming the argument
     return ops.cell(*args)
+
+
+def lltm_sequence(
+    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """The LLTM cell over a whole sequence, in one operator call.
+
+    Step ``t`` is :func:`lltm_cell` on ``input[t]`` and the state the step
+    before left; the recurrence and its backward run in C++ (or CUDA).
+
+    Args:
+        input: ``(seq_len, batch, input_features)``.
+        weights, bias: as for :func:`lltm_cell`.
+        old_h, old_cell: the initial state, ``(batch, state_size)``.
+
+    Returns:
+        ``(output, (h_n, c_n))``: ``output`` ``(seq_len, batch, state_size)``
+        holds every step's ``new_h``; ``h_n``, ``c_n`` are the last step's
+        state. Differentiable with respect to every argument; works under
+        ``torch.compile``. :class:`lltm.LLTMSequence` adds layers, directions,
+        ``batch_first`` and packed sequences.
+    """
+    args = (input, weights, bias, old_h, old_cell)
+    if not all(isinstance(t, Tensor) for t in args):
+        check_forward_args(*args)  # raises a TypeError naming the argument
+    output, h_n, c_n = ops.sequence(*args)
+    return output, (h_n, c_n)

@@ -1,10 +1,15 @@
-"""``lltm.LLTM``: drop-in replacement for the tutorial's module."""
+"""The modules: ``lltm.LLTM`` (one step, the tutorial's module) and
+``lltm.LLTMSequence`` (whole sequences, in the style of ``torch.nn.LSTM``)."""
 
 from __future__ import annotations
 
-from torch import Tensor
+import math
 
-from . import reference
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence
+
+from . import ops, reference
 from .functional import lltm_cell
 
 
@@ -25,3 +30,190 @@ class LLTM(reference.LLTM):
 
     def extra_repr(self) -> str:
         return f"input_features={self.input_features}, state_size={self.state_size}"
+
+
+def _fail(message: str) -> None:
+    raise ValueError(f"lltm.LLTMSequence: {message}")
+
+
+class LLTMSequence(torch.nn.Module):
+    """The LLTM over whole sequences, with ``torch.nn.LSTM``'s conventions::
+
+        seq = lltm.LLTMSequence(input_features, state_size)
+        output, (h_n, c_n) = seq(input, (h_0, c_0))   # the state is optional
+
+    ``input`` is ``(seq_len, batch, input_features)`` (``(batch, seq_len,
+    input_features)`` with ``batch_first=True``), ``(seq_len,
+    input_features)`` for one unbatched sequence, or a ``PackedSequence`` of
+    sequences of different lengths, sorted or not; ``output`` is laid out
+    alike, with ``directions * state_size`` features. ``h_0``, ``c_0``,
+    ``h_n`` and ``c_n`` are ``(num_layers * directions, batch, state_size)``;
+    for packed input, ``h_n`` and ``c_n`` hold each sequence's last valid
+    step. Each layer and direction is one operator call for the whole
+    sequence (:func:`lltm.lltm_sequence`).
+
+    Parameters: with one layer and one direction exactly :class:`lltm.LLTM`'s
+    (``weights``, ``bias``, same shapes and initialisation), so state_dicts
+    move between the cell and this module unchanged. Otherwise one pair per
+    layer ``k`` and direction, named as ``nn.LSTM`` names them:
+    ``weights_l{k}``, ``bias_l{k}``, and ``weights_l{k}_reverse``,
+    ``bias_l{k}_reverse`` for the backward direction. Layer ``k > 0`` reads
+    the previous layer's output, ``directions * state_size`` features.
+    """
+
+    def __init__(
+        self,
+        input_features: int,
+        state_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        batch_first: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value, least in (
+            ("input_features", input_features, 0),
+            ("state_size", state_size, 1),
+            ("num_layers", num_layers, 1),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                _fail(f"{name} must be an integer >= {least}, got {value!r}")
+        self.input_features = input_features
+        self.state_size = state_size
+        self.num_layers = num_layers
+        self.bidirectional = bool(bidirectional)
+        self.batch_first = bool(batch_first)
+        self.directions = 2 if self.bidirectional else 1
+        # (weights, bias) attribute names per (layer, direction), in the
+        # order of the state's first dimension.
+        self._parameter_names: list[tuple[str, str]] = []
+        plain = num_layers == 1 and self.directions == 1
+        for layer in range(num_layers):
+            features = input_features if layer == 0 else self.directions * state_size
+            for direction in range(self.directions):
+                suffix = "" if plain else f"_l{layer}" + ("_reverse" if direction else "")
+                names = (f"weights{suffix}", f"bias{suffix}")
+                self.register_parameter(
+                    names[0],
+                    torch.nn.Parameter(torch.empty(3 * state_size, features + state_size)),
+                )
+                self.register_parameter(names[1], torch.nn.Parameter(torch.empty(3 * state_size)))
+                self._parameter_names.append(names)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The tutorial's initialisation: uniform in +-1/sqrt(state_size)."""
+        stdv = 1.0 / math.sqrt(self.state_size)
+        for weight in self.parameters():
+            weight.data.uniform_(-stdv, +stdv)
+
+    def forward(
+        self, input: Tensor | PackedSequence, state: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
+        packed = isinstance(input, PackedSequence)
+        batched = True
+        if packed:
+            data, batch_sizes, sorted_indices, unsorted_indices = input
+            batch = int(batch_sizes[0]) if batch_sizes.numel() else 0
+        else:
+            if not isinstance(input, Tensor):
+                raise TypeError(
+                    "lltm.LLTMSequence: input must be a Tensor or a PackedSequence, "
+                    f"got {type(input).__name__}"
+                )
+            if input.dim() not in (2, 3):
+                _fail(
+                    "input must be 3-D ("
+                    + ("batch, seq_len" if self.batch_first else "seq_len, batch")
+                    + f", input_features) or 2-D (seq_len, input_features), got shape "
+                    f"{tuple(input.shape)}"
+                )
+            batched = input.dim() == 3
+            data = input if batched else input.unsqueeze(1)
+            if batched and self.batch_first:
+                data = data.transpose(0, 1)
+            batch_sizes = sorted_indices = unsorted_indices = None
+            batch = data.shape[1]
+        h_0, c_0 = self._initial_state(state, data, batch, batched, sorted_indices)
+
+        layer_input = data
+        h_n: list[Tensor] = []
+        c_n: list[Tensor] = []
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction in range(self.directions):
+                index = layer * self.directions + direction
+                weights_name, bias_name = self._parameter_names[index]
+                output, h, c = ops.sequence(
+                    layer_input,
+                    getattr(self, weights_name),
+                    getattr(self, bias_name),
+                    h_0[index],
+                    c_0[index],
+                    batch_sizes,
+                    direction == 1,
+                )
+                outputs.append(output)
+                h_n.append(h)
+                c_n.append(c)
+            layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+
+        final_h, final_c = torch.stack(h_n), torch.stack(c_n)
+        if packed:
+            if unsorted_indices is not None:
+                final_h = final_h.index_select(1, unsorted_indices)
+                final_c = final_c.index_select(1, unsorted_indices)
+            result = PackedSequence(layer_input, batch_sizes, sorted_indices, unsorted_indices)
+            return result, (final_h, final_c)
+        output = layer_input
+        if not batched:
+            return output.squeeze(1), (final_h.squeeze(1), final_c.squeeze(1))
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        return output, (final_h, final_c)
+
+    def _initial_state(
+        self,
+        state: tuple[Tensor, Tensor] | None,
+        data: Tensor,
+        batch: int,
+        batched: bool,
+        sorted_indices: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        """(h_0, c_0) as (num_layers * directions, batch, state_size), in the
+        order of the (sorted) batch."""
+        shape = (self.num_layers * self.directions, batch, self.state_size)
+        if state is None:
+            zeros = data.new_zeros(shape)
+            return zeros, zeros
+        if not (isinstance(state, (tuple, list)) and len(state) == 2):
+            raise TypeError("lltm.LLTMSequence: state must be a tuple (h_0, c_0) of Tensors")
+        h_0, c_0 = state
+        expected = shape if batched else (shape[0], shape[2])
+        for name, t in (("h_0", h_0), ("c_0", c_0)):
+            if not isinstance(t, Tensor):
+                raise TypeError(
+                    f"lltm.LLTMSequence: {name} must be a Tensor, got {type(t).__name__}"
+                )
+            if tuple(t.shape) != expected:
+                what = (
+                    "num_layers * directions, batch, state_size"
+                    if batched
+                    else ("num_layers * directions, state_size")
+                )
+                _fail(f"{name} must have shape ({what}) = {expected}, got {tuple(t.shape)}")
+        if not batched:
+            h_0, c_0 = h_0.unsqueeze(1), c_0.unsqueeze(1)
+        if sorted_indices is not None:
+            h_0 = h_0.index_select(1, sorted_indices)
+            c_0 = c_0.index_select(1, sorted_indices)
+        return h_0, c_0
+
+    def extra_repr(self) -> str:
+        extra = f"input_features={self.input_features}, state_size={self.state_size}"
+        if self.num_layers != 1:
+            extra += f", num_layers={self.num_layers}"
+        if self.bidirectional:
+            extra += ", bidirectional=True"
+        if self.batch_first:
+            extra += ", batch_first=True"
+        return extra

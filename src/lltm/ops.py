@@ -29,8 +29,15 @@ import torch
 from torch import Tensor
 
 # Importing _C registers the operators.
-from . import _C, reference  # noqa: F401
-from ._checks import check_backward_args, check_forward_args, check_output_mask
+from . import _C, _composite, reference  # noqa: F401
+from ._checks import (
+    SequenceSizes,
+    check_backward_args,
+    check_forward_args,
+    check_output_mask,
+    check_sequence_args,
+    check_sequence_backward_args,
+)
 
 forward = torch.ops.lltm.forward.default
 backward = torch.ops.lltm.backward.default
@@ -184,3 +191,186 @@ def cell(
     with _below_autograd():
         new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
     return new_h, new_cell
+
+
+# --- Sequences ----------------------------------------------------------------------
+
+sequence_forward = torch.ops.lltm.sequence_forward.default
+sequence_backward = torch.ops.lltm.sequence_backward.default
+
+
+def _sequence_layout(like: Tensor, n: SequenceSizes, width: Any) -> Tensor:
+    shape = (n.rows, width) if n.packed else (n.steps, n.batch, width)
+    return like.new_empty(shape)
+
+
+@torch.library.register_fake("lltm::sequence_forward")
+def _sequence_forward_fake(
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor,
+    old_h: Tensor,
+    old_cell: Tensor,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
+    return (
+        _sequence_layout(input, n, n.state),
+        old_h.new_empty((n.batch, n.state)),
+        old_h.new_empty((n.batch, n.state)),
+        _sequence_layout(input, n, 3 * n.state),
+        _sequence_layout(input, n, n.state),
+    )
+
+
+@torch.library.register_fake("lltm::sequence_backward")
+def _sequence_backward_fake(
+    grad_output: Tensor | None,
+    grad_h_n: Tensor | None,
+    grad_c_n: Tensor | None,
+    output: Tensor,
+    gates: Tensor,
+    cells: Tensor,
+    input: Tensor,
+    weights: Tensor,
+    old_h: Tensor,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+    output_mask: list[bool],
+) -> tuple[Tensor | None, ...]:
+    n = check_sequence_backward_args(
+        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
+    )
+    wanted = check_output_mask(output_mask)
+    grads = (
+        _sequence_layout(input, n, n.features),
+        weights.new_empty((3 * n.state, n.state + n.features)),
+        weights.new_empty((3 * n.state,)),
+        old_h.new_empty((n.batch, n.state)),
+        old_h.new_empty((n.batch, n.state)),
+    )
+    return tuple(g if want else None for g, want in zip(grads, wanted, strict=True))
+
+
+def _save_sequence(
+    ctx: Any, inputs: tuple[Any, ...], output: Tensor, gates: Tensor, cells: Tensor
+) -> None:
+    input, weights, bias, old_h, old_cell, batch_sizes, reverse = inputs
+    # All five differentiable inputs: double backward recomputes the sequence.
+    ctx.save_for_backward(input, weights, bias, old_h, old_cell, batch_sizes, output, gates, cells)
+    ctx.reverse = reverse
+    ctx.set_materialize_grads(False)
+
+
+def _sequence_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    out, _h_n, _c_n, gates, cells = output
+    ctx.mark_non_differentiable(gates, cells)
+    _save_sequence(ctx, inputs, out, gates, cells)
+
+
+def _sequence_backward(
+    ctx: Any,
+    grad_output: Tensor | None,
+    grad_h_n: Tensor | None,
+    grad_c_n: Tensor | None,
+    *_grad_saved: Tensor | None,
+) -> tuple[Tensor | None, ...]:
+    input, weights, bias, old_h, old_cell, batch_sizes, output, gates, cells = ctx.saved_tensors
+    needed = list(ctx.needs_input_grad[:5])
+    if torch.is_grad_enabled():
+        # create_graph=True: differentiable gradients through a plain-PyTorch
+        # recomputation of the sequence (see _recomputed_backward).
+        inputs = (input, weights, bias, old_h, old_cell)
+        wanted = [t for t, need in zip(inputs, needed, strict=True) if need]
+        outputs = _composite.sequence_forward(*inputs, batch_sizes, ctx.reverse)[:3]
+        pairs = [
+            (out, grad)
+            for out, grad in zip(outputs, (grad_output, grad_h_n, grad_c_n), strict=True)
+            if grad is not None
+        ]
+        grads = iter(
+            torch.autograd.grad(
+                [out for out, _ in pairs],
+                wanted,
+                [grad for _, grad in pairs],
+                create_graph=True,
+                allow_unused=True,
+            )
+        )
+        return (*(next(grads) if need else None for need in needed), None, None)
+    grads = sequence_backward(
+        grad_output,
+        grad_h_n,
+        grad_c_n,
+        output,
+        gates,
+        cells,
+        input,
+        weights,
+        old_h,
+        batch_sizes,
+        ctx.reverse,
+        needed,
+    )
+    return (*grads, None, None)
+
+
+torch.library.register_autograd(
+    "lltm::sequence_forward", _sequence_backward, setup_context=_sequence_setup_context
+)
+_library.impl("sequence_backward", torch.library.fallthrough_kernel, "Autograd")
+
+
+class _Sequence(torch.autograd.Function):
+    """lltm::sequence_forward with the formula above, for eager calls; gates
+    and cells are saved, not returned."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        input: Tensor,
+        weights: Tensor,
+        bias: Tensor,
+        old_h: Tensor,
+        old_cell: Tensor,
+        batch_sizes: Tensor | None,
+        reverse: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        inputs = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+        with _below_autograd():
+            output, h_n, c_n, gates, cells = sequence_forward(*inputs)
+        _save_sequence(ctx, inputs, output, gates, cells)
+        return output, h_n, c_n
+
+    backward = staticmethod(_sequence_backward)  # type: ignore[assignment]
+
+
+def sequence(
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor,
+    old_h: Tensor,
+    old_cell: Tensor,
+    batch_sizes: Tensor | None = None,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The cell over a whole sequence, differentiable: ``(output, h_n, c_n)``.
+
+    Dispatched like :func:`cell`: the registered op under torch.compile and
+    torch.func, the autograd.Function in eager mode, the bare kernel when
+    nothing needs a gradient.
+    """
+    args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return sequence_forward(*args)[:3]
+    if torch.is_grad_enabled() and (
+        input.requires_grad
+        or weights.requires_grad
+        or bias.requires_grad
+        or old_h.requires_grad
+        or old_cell.requires_grad
+    ):
+        return _Sequence.apply(*args)
+    with _below_autograd():
+        return sequence_forward(*args)[:3]
