@@ -68,7 +68,12 @@ def readme() -> str:
 def cpu_variant() -> dict:
     ext = cpp_extension.CppExtension(
         "lltm._C",
-        sources=["csrc/lltm_ops.cpp", "csrc/cpu/lltm_cpu.cpp", "csrc/cpu/module.cpp"],
+        sources=[
+            "csrc/lltm_ops.cpp",
+            "csrc/cpu/lltm_cpu.cpp",
+            "csrc/cpu/lltm_cpu_sequence.cpp",
+            "csrc/cpu/module.cpp",
+        ],
         define_macros=MACROS,
         extra_compile_args={"cxx": CXX_FLAGS},
         py_limited_api=True,

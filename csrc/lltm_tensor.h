@@ -9,7 +9,10 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/tensor.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <vector>
 
 namespace lltm {
 
@@ -62,6 +65,36 @@ inline Tensor new_vector(const Tensor& like, int64_t size) {
   AtenTensorHandle out = nullptr;
   TORCH_ERROR_CODE_CHECK(
       aoti_torch_empty_strided(1, sizes, strides, dtype, device_type, device_index, &out));
+  return Tensor(out);
+}
+
+// A new contiguous tensor of any rank with the dtype and device of `like`.
+inline Tensor new_contiguous(const Tensor& like, std::initializer_list<int64_t> sizes) {
+  int32_t dtype = 0, device_type = 0, device_index = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  std::vector<int64_t> shape(sizes), strides(shape.size());
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(shape[d], 1);
+  }
+  AtenTensorHandle out = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()),
+                                                  shape.data(), strides.data(), dtype,
+                                                  device_type, device_index, &out));
+  return Tensor(out);
+}
+
+// A (rows, cols) view of t's storage with the given strides, starting
+// `offset` elements after t's own first element.
+inline Tensor reshaped_view(const Tensor& t, int64_t rows, int64_t cols, int64_t row_stride,
+                            int64_t col_stride, int64_t offset = 0) {
+  const int64_t sizes[] = {rows, cols};
+  const int64_t strides[] = {row_stride, col_stride};
+  AtenTensorHandle out = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, offset, &out));
   return Tensor(out);
 }
 

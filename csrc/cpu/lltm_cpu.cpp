@@ -6,14 +6,14 @@
 //             bias, activates the gates in place and writes new_h, new_cell.
 //   backward: one fused pointwise pass producing d_gates, grad_old_cell and
 //             grad_bias, then the GEMMs for grad_weights, grad_old_h and
-//             grad_input.
+//             grad_input, each only when wanted.
 // 16-bit inputs are computed in float32. GEMMs go through torch (MKL or
 // OpenBLAS behind the C shim): a hand-written AVX-512 kernel for the forward's
-// shape (dot products, no packing) matched MKL but did not beat it. Everything
-// else is in this directory: views and allocations straight on the C shim
-// (lltm_cpu_tensor.h), the pointwise math vectorized for each instruction set
-// (lltm_cpu_spans.h, lltm_cpu_math.h).
-#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+// shape (dot products, no packing) matched MKL but did not beat it, and a
+// packed kernel (lltm_cpu_gemm.h) pays off only where the packing is reused,
+// over a sequence. Everything else is in this directory: the pointwise math
+// vectorized for each instruction set (lltm_cpu_spans.h, lltm_cpu_math.h) and
+// its glue to tensors (lltm_cpu_rows.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -24,74 +24,18 @@
 #include <algorithm>
 #include <optional>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "../lltm_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_spans.h"
+#include "lltm_cpu_rows.h"
+#include "lltm_cpu_torch_ops.h"
 
 namespace lltm::cpu {
 namespace {
 
-// The type the pointwise math runs in: double for double, float otherwise.
-template <typename scalar_t>
-using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-
-// Columns handled per call of a span kernel: long enough to amortise the
-// call and fill SIMD registers, short enough for the staging buffers of
-// 16-bit and strided inputs to live on the stack.
-constexpr int64_t kSpan = 128;
-
 // Rows whose d_gates are summed in T before joining grad_bias's double sums.
 constexpr int64_t kFoldRows = 16;
-
-// Below this many (row, column) elements a pointwise pass takes under ~20 us
-// on one core; splitting it gained nothing measurable on two cores, while at
-// 8192 elements two threads cut it by a third.
-constexpr int64_t kMinParallelElements = 1 << 13;
-
-bool worth_parallel(int64_t elements) {
-  return elements >= kMinParallelElements && torch::stable::get_num_threads() > 1;
-}
-
-// out = beta * self + mat1 @ mat2 (self may alias out; beta = 0 ignores it).
-void addmm_out(Tensor& out, const Tensor& self, const Tensor& mat1, const Tensor& mat2,
-               double beta) {
-  TORCH_ERROR_CODE_CHECK(
-      aoti_torch_cpu_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0));
-}
-
-// dst[:, first : first + src.cols] = src, any strides, any 2/4/8-byte dtype.
-template <typename Word>
-void copy_columns_as(const Tensor& dst, const Tensor& src, int64_t first) {
-  const Matrix<Word> d = matrix_of<Word>(dst);
-  const Matrix<const Word> s = matrix_of<const Word>(src);
-  const int64_t rows = src.size(0), cols = src.size(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    Word* __restrict out = d.row(r) + first * d.col_stride;
-    const Word* __restrict in = s.row(r);
-    if (s.col_stride == 1 && d.col_stride == 1) {
-      std::copy(in, in + cols, out);
-    } else {
-      for (int64_t c = 0; c < cols; ++c) out[c * d.col_stride] = in[c * s.col_stride];
-    }
-  }
-}
-
-void copy_columns(const Tensor& dst, const Tensor& src, int64_t first) {
-  switch (src.element_size()) {
-    case 2:
-      copy_columns_as<uint16_t>(dst, src, first);
-      break;
-    case 4:
-      copy_columns_as<uint32_t>(dst, src, first);
-      break;
-    default:
-      copy_columns_as<uint64_t>(dst, src, first);
-      break;
-  }
-}
 
 // [old_h, input] as one (batch, state + features) matrix, so that the forward
 // and grad_weights are one GEMM each. At the tutorial's size two GEMMs into one
@@ -104,44 +48,10 @@ Tensor concat_h_x(const Tensor& old_h, const Tensor& input, const Sizes& n) {
   return x;
 }
 
-// Elements [0, n) of a strided span as a dense array of T: the span itself
-// when it already is one, else a converted copy in `buffer`.
-template <typename T, typename S>
-T* load_span(S* p, int64_t stride, int64_t n, T* buffer) {
-  if constexpr (std::is_same_v<std::remove_const_t<S>, T>) {
-    if (stride == 1) return const_cast<T*>(p);
-  }
-  if (stride == 0) {  // a broadcast, e.g. the gradient of a .sum()
-    std::fill(buffer, buffer + n, static_cast<T>(p[0]));
-  } else {
-    for (int64_t k = 0; k < n; ++k) buffer[k] = static_cast<T>(p[k * stride]);
-  }
-  return buffer;
-}
-
-// Where a kernel writes a dense output span: in place, or in `buffer` to be
-// converted by store_span.
-template <typename T, typename S>
-T* output_span(S* p, T* buffer) {
-  if constexpr (std::is_same_v<S, T>) {
-    return p;
-  } else {
-    return buffer;
-  }
-}
-
-template <typename T, typename S>
-void store_span(S* p, const T* values, int64_t n) {
-  if constexpr (!std::is_same_v<S, T>) {
-    for (int64_t k = 0; k < n; ++k) p[k] = static_cast<S>(values[k]);
-  }
-}
-
 template <typename scalar_t>
 void forward_pointwise(Tensor& gates, const Tensor& bias, const Tensor& old_cell, Tensor& new_h,
                        Tensor& new_cell, int64_t batch, int64_t state) {
   using T = acc_t<scalar_t>;
-  const auto kernel = span_kernels<T>().forward;
   const Matrix<scalar_t> g = matrix_of<scalar_t>(gates);  // contiguous: made here
   const Matrix<const scalar_t> c0 = matrix_of<const scalar_t>(old_cell);
   scalar_t* h1 = static_cast<scalar_t*>(new_h.data_ptr());
@@ -153,30 +63,10 @@ void forward_pointwise(Tensor& gates, const Tensor& bias, const Tensor& old_cell
   const T* b_all = load_span(b.data, b.col_stride, 3 * state, bias_copy.data());
 
   auto rows = [&](int64_t begin, int64_t end) {
-    T buf_i[kSpan], buf_o[kSpan], buf_g[kSpan], buf_c0[kSpan], buf_h1[kSpan], buf_c1[kSpan];
+    ForwardBuffers<T> buf;
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t j = 0; j < state; j += kSpan) {
-        const int64_t len = std::min(kSpan, state - j);
-        scalar_t* gi = g.row(r) + j;
-        scalar_t* go = gi + state;
-        scalar_t* gg = gi + 2 * state;
-        ForwardSpan<T> s{};
-        s.gate_i = load_span(gi, 1, len, buf_i);
-        s.gate_o = load_span(go, 1, len, buf_o);
-        s.gate_g = load_span(gg, 1, len, buf_g);
-        s.bias_i = b_all + j;
-        s.bias_o = b_all + state + j;
-        s.bias_g = b_all + 2 * state + j;
-        s.old_cell = load_span(c0.row(r) + j * c0.col_stride, c0.col_stride, len, buf_c0);
-        s.new_h = output_span(h1 + r * state + j, buf_h1);
-        s.new_cell = output_span(c1 + r * state + j, buf_c1);
-        kernel(s, len);
-        store_span(gi, s.gate_i, len);
-        store_span(go, s.gate_o, len);
-        store_span(gg, s.gate_g, len);
-        store_span(h1 + r * state + j, s.new_h, len);
-        store_span(c1 + r * state + j, s.new_cell, len);
-      }
+      forward_row(buf, g.row(r), b_all, RowRef<const scalar_t>{c0.row(r), c0.col_stride},
+                  h1 + r * state, c1 + r * state, state);
     }
   };
   if (worth_parallel(batch * state)) {
@@ -193,7 +83,6 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
                         const Tensor& gates, Tensor& d_gates, Tensor& grad_old_cell,
                         Tensor* grad_bias, int64_t batch, int64_t state) {
   using T = acc_t<scalar_t>;
-  const auto kernel = span_kernels<T>().backward;
   // grad_h and grad_cell are often broadcasts (strides 0) from a .sum().
   const Matrix<const scalar_t> dh = matrix_of<const scalar_t>(grad_h);
   const Matrix<const scalar_t> dc = matrix_of<const scalar_t>(grad_cell);
@@ -206,8 +95,7 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
   // Work is split by columns: a column's bias gradient, summed over the
   // rows, then belongs to one task and needs no reduction across threads.
   auto spans = [&](int64_t span_begin, int64_t span_end) {
-    T buf_dh[kSpan], buf_dc[kSpan], buf_c1[kSpan], buf_i[kSpan], buf_o[kSpan], buf_g[kSpan];
-    T buf_di[kSpan], buf_do[kSpan], buf_dg[kSpan], buf_dc0[kSpan];
+    BackwardBuffers<T> buf;
     // grad_bias: the kernel adds up to kFoldRows rows in T, those partial
     // sums are then added in double, so the error does not grow with the
     // batch and the hot loop stays in T.
@@ -224,27 +112,11 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
         std::fill(part_o, part_o + len, T(0));
         std::fill(part_g, part_g + len, T(0));
         for (int64_t r = r0; r < std::min(batch, r0 + kFoldRows); ++r) {
-          const scalar_t* gi = g.row(r) + j * g.col_stride;
-          scalar_t* di = dg + r * 3 * state + j;
-          BackwardSpan<T> s{};
-          s.grad_h = load_span(dh.row(r) + j * dh.col_stride, dh.col_stride, len, buf_dh);
-          s.grad_cell = load_span(dc.row(r) + j * dc.col_stride, dc.col_stride, len, buf_dc);
-          s.new_cell = load_span(c1.row(r) + j * c1.col_stride, c1.col_stride, len, buf_c1);
-          s.gate_i = load_span(gi, g.col_stride, len, buf_i);
-          s.gate_o = load_span(gi + state * g.col_stride, g.col_stride, len, buf_o);
-          s.gate_g = load_span(gi + 2 * state * g.col_stride, g.col_stride, len, buf_g);
-          s.d_gate_i = output_span(di, buf_di);
-          s.d_gate_o = output_span(di + state, buf_do);
-          s.d_gate_g = output_span(di + 2 * state, buf_dg);
-          s.grad_old_cell = output_span(dc0 + r * state + j, buf_dc0);
-          s.bias_i = part_i;
-          s.bias_o = part_o;
-          s.bias_g = part_g;
-          kernel(s, len);
-          store_span(di, s.d_gate_i, len);
-          store_span(di + state, s.d_gate_o, len);
-          store_span(di + 2 * state, s.d_gate_g, len);
-          store_span(dc0 + r * state + j, s.grad_old_cell, len);
+          backward_span(buf, RowRef<const scalar_t>{dh.row(r), dh.col_stride},
+                        RowRef<const scalar_t>{dc.row(r), dc.col_stride},
+                        RowRef<const scalar_t>{c1.row(r), c1.col_stride},
+                        RowRef<const scalar_t>{g.row(r), g.col_stride}, dg + r * 3 * state,
+                        dc0 + r * state, part_i, part_o, part_g, state, j, len);
         }
         for (int64_t k = 0; k < len; ++k) {
           sum_i[k] += part_i[k];

@@ -16,13 +16,9 @@
 #include <cstring>
 #include <type_traits>
 
-namespace lltm::cpu {
+#include "lltm_cpu_isa.h"
 
-#if defined(__GNUC__) || defined(__clang__)
-#define LLTM_ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define LLTM_ALWAYS_INLINE __forceinline
-#endif
+namespace lltm::cpu {
 
 // How a * b + c is computed. A fused multiply-add is one instruction (and
 // one rounding) where the target has it; elsewhere it would be a library

@@ -1,35 +1,20 @@
 // The LLTM's pointwise passes over one span of a batch row, in float or
-// double, plus the choice of the instruction set they are compiled for.
+// double, compiled for each instruction set.
 //
 // A row of `gates` is [input gate | output gate | candidate], each `state`
 // wide; a span is `n` consecutive columns of each of the three blocks. The
 // loops have no branches and no calls (lltm_cpu_math.h), and every pointer is
 // restrict-qualified, so the compiler vectorizes them.
 //
-// Runtime dispatch: on x86-64 with GCC or Clang the same source is compiled a
-// second and third time for AVX2+FMA and for AVX-512, and the widest set the
-// CPU supports is picked once, at the first call. The baseline (SSE2 on
-// x86-64, NEON on arm64) is always there, so the library runs on any CPU of
-// its architecture. LLTM_CPU_ISA=baseline|avx2 forces a lower set, to test
-// or time every variant on one machine. At the tutorial's size (2048
-// elements) the float forward span takes 30 us as SSE2, 11 us as AVX2 and
-// 6 us as AVX-512; double 85, 30 and 14 us.
+// The same source is compiled for every instruction set of lltm_cpu_isa.h.
+// At the tutorial's size (2048 elements) the float forward span takes 30 us
+// as SSE2, 11 us as AVX2 and 6 us as AVX-512; double 85, 30 and 14 us.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
+#include "lltm_cpu_isa.h"
 #include "lltm_cpu_math.h"
-
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(_MSC_VER)
-#define LLTM_X86_DISPATCH 1
-#define LLTM_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define LLTM_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
-#else
-#define LLTM_X86_DISPATCH 0
-#endif
 
 // GCC keeps FP comparisons as branches unless it may assume they do not
 // trap, and a loop with branches is not vectorized. No value changes: only
@@ -165,44 +150,6 @@ LLTM_TARGET_AVX512 void backward_span_avx512(const BackwardSpan<T>& s, int64_t n
   backward_span_body<T, FusedMulAdd>(s, n);
 }
 #endif
-
-enum class Isa { kBaseline, kAvx2, kAvx512 };
-
-inline const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    default:
-      return "baseline";
-  }
-}
-
-inline Isa detect_isa() {
-  Isa best = Isa::kBaseline;
-#if LLTM_X86_DISPATCH
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
-  if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq")) {
-    best = Isa::kAvx512;
-  }
-#endif
-  // An explicit request can only lower the choice: never run what the CPU
-  // lacks.
-  if (const char* forced = std::getenv("LLTM_CPU_ISA")) {
-    if (std::strcmp(forced, "baseline") == 0) best = Isa::kBaseline;
-    if (std::strcmp(forced, "avx2") == 0 && best == Isa::kAvx512) best = Isa::kAvx2;
-  }
-  return best;
-}
-
-inline Isa selected_isa() {
-  static const Isa isa = detect_isa();
-  return isa;
-}
 
 template <typename T>
 struct SpanKernels {

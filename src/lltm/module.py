@@ -33,7 +33,7 @@ class LLTM(reference.LLTM):
 
 
 def _fail(message: str) -> None:
-    raise ValueError(f"lltm.LLTMSequence: {message}")
+    raise ValueError(f"lltm: LLTMSequence {message}")
 
 
 class LLTMSequence(torch.nn.Module):
@@ -117,7 +117,7 @@ class LLTMSequence(torch.nn.Module):
         else:
             if not isinstance(input, Tensor):
                 raise TypeError(
-                    "lltm.LLTMSequence: input must be a Tensor or a PackedSequence, "
+                    "lltm: LLTMSequence input must be a Tensor or a PackedSequence, "
                     f"got {type(input).__name__}"
                 )
             if input.dim() not in (2, 3):
@@ -186,13 +186,13 @@ class LLTMSequence(torch.nn.Module):
             zeros = data.new_zeros(shape)
             return zeros, zeros
         if not (isinstance(state, (tuple, list)) and len(state) == 2):
-            raise TypeError("lltm.LLTMSequence: state must be a tuple (h_0, c_0) of Tensors")
+            raise TypeError("lltm: LLTMSequence state must be a tuple (h_0, c_0) of Tensors")
         h_0, c_0 = state
         expected = shape if batched else (shape[0], shape[2])
         for name, t in (("h_0", h_0), ("c_0", c_0)):
             if not isinstance(t, Tensor):
                 raise TypeError(
-                    f"lltm.LLTMSequence: {name} must be a Tensor, got {type(t).__name__}"
+                    f"lltm: LLTMSequence {name} must be a Tensor, got {type(t).__name__}"
                 )
             if tuple(t.shape) != expected:
                 what = (
