@@ -3,9 +3,12 @@
     python benchmarks/render.py data/run.json [more.json ...] [--plot out.png]
 
 One table per file in the bench's own layout (min / median per phase,
-speed-ups of medians against the eager reference), under the exact command
-that produced it. --plot draws the last file as ``lltm bench --plot`` would.
-This is how benchmarks/RESULTS.md is written from benchmarks/data/.
+speed-ups of medians against the baseline, and for sequences against
+nn.LSTM), under the exact command that produced it and a title that says
+which case and configuration ran. --plot draws the last file as
+``lltm bench --plot`` would. This is how benchmarks/RESULTS.md is written from
+benchmarks/data/. Files written before the sequence case and --inputs-grad
+existed measured one cell step with inputs requiring grad, and are read so.
 """
 
 from __future__ import annotations
@@ -14,37 +17,22 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from lltm.bench import PHASES, Result, Size, pick_unit, plot, table_rows, title
-
-
-def results_of(report: dict) -> list[Result]:
-    """Results whose min() and median() give back the recorded values."""
-    results = []
-    for row in report["results"]:
-        times = {
-            phase: [row[phase]["min_s"], row[phase]["median_s"], row[phase]["median_s"]]
-            for phase in PHASES
-            if row[phase]["min_s"] is not None
-        }
-        result = Result(Size(row["batch"], row["features"], row["state"]), row["impl"], times)
-        result.saved_bytes = row["saved_for_backward_bytes"]
-        result.saved_beyond_inputs_bytes = row["saved_beyond_inputs_bytes"]
-        result.error = row["error"]
-        results.append(result)
-    return results
+from lltm.bench import report
 
 
-def markdown(report: dict) -> str:
-    results = results_of(report)
-    header, rows = table_rows(results)
+def markdown(data: dict[str, Any]) -> str:
+    results, env = report.from_json(data)
+    header, rows = report.table_rows(results)
+    labels = report.label_columns(header)
     lines = [
-        f"`{report['environment']['command']}`",
+        f"`{env['command']}`",
         "",
-        title(report["environment"]),
+        report.title(env),
         "",
         "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i < 2 else "---:" for i in range(len(header))) + "|",
+        "|" + "|".join("---" if i < labels else "---:" for i in range(len(header))) + "|",
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
     return "\n".join(lines)
@@ -56,11 +44,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--plot", metavar="FILE.png")
     args = parser.parse_args(argv)
     reports = [json.loads(path.read_text()) for path in args.reports]
-    for report in reports:
-        print(markdown(report), end="\n\n")
+    for data in reports:
+        print(markdown(data), end="\n\n")
     if args.plot:
-        results = results_of(reports[-1])
-        plot(results, reports[-1]["environment"], args.plot, pick_unit(results, "auto"))
+        results, env = report.from_json(reports[-1])
+        report.plot(results, env, args.plot, report.pick_unit(results, "auto"))
     return 0
 
 

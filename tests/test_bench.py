@@ -1,51 +1,106 @@
 """``python -m lltm bench`` runs end to end: functional checks at tiny sizes.
 
 No timing is asserted: these tests only prove that every output the README
-and benchmarks/RESULTS.md rely on (table, --json, --plot, --sweep) is
-produced. torch.compile is left out (its warm-up alone takes seconds) except
-in one test marked slow.
+and benchmarks/RESULTS.md rely on (table, --json, --plot, --sweep, --seq-len,
+benchmarks/render.py) is produced, and that what is timed is what the table
+says: which tensors require grad, the same weights for every LLTM
+implementation, the matrix products of the GEMM floor. torch.compile is left
+out (its warm-up alone takes seconds) except in one test marked slow.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from lltm import bench
+from lltm.bench import cases
 
-# Tiny and quick: two blocks of about a millisecond per implementation and phase.
-FAST = ["-b", "2", "-f", "3", "-s", "4", "-r", "2", "--block-seconds", "0.001", "--device", "cpu"]
+# Tiny and quick: two blocks of about a millisecond per implementation and
+# phase, on one thread (a second thread only adds waits on a busy machine).
+FAST = [
+    *("-b", "2", "-f", "3", "-s", "4", "-r", "2", "--block-seconds", "0.001"),
+    *("--device", "cpu", "--threads", "1"),
+]
 EAGER = ["--impl", "lltm,lstmcell,gemm"]
+SEQUENCE_IMPLS = ["reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"]
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+pytestmark = [
+    # The bench sets torch's thread count (--threads); put it back after each test.
+    pytest.mark.usefixtures("restore_num_threads"),
+    # Until the sequence ops have native CPU kernels.
+    pytest.mark.filterwarnings("ignore:lltm.*no native cpu kernel:RuntimeWarning"),
+]
 
 
 def _run_json(capsys, *args: str) -> dict:
-    assert bench.main([*FAST, *EAGER, "--json", "-", *args]) == 0
+    assert bench.main([*FAST, "--json", "-", *args]) == 0
     return json.loads(capsys.readouterr().out)
 
 
+def _rows(report: dict) -> dict[tuple[int | None, str], dict]:
+    return {(row["seq_len"], row["impl"]): row for row in report["results"]}
+
+
+def _check_timings(row: dict, comparisons: tuple[str, ...] = ("speedup_vs_reference",)) -> None:
+    assert row["error"] is None
+    for phase in bench.PHASES:
+        timing = row[phase]
+        assert timing["blocks"] == 2
+        assert 0 < timing["min_s"] <= timing["median_s"]
+        for key in comparisons:
+            assert timing[key] > 0
+    if row["impl"] == "gemm":
+        assert row["saved_for_backward_bytes"] is None
+    else:
+        assert row["saved_for_backward_bytes"] >= row["saved_beyond_inputs_bytes"] >= 0
+
+
+# --- The cell (default) ----------------------------------------------------------
+
+
 def test_json_output_parses_and_covers_every_phase(capsys):
-    report = _run_json(capsys)
+    report = _run_json(capsys, *EAGER)
     env = report["environment"]
     assert env["device"] == "cpu" and env["dtype"] == "float32" and env["blocks"] == 2
     assert env["command"].startswith("python -m lltm bench")
     rows = {row["impl"]: row for row in report["results"]}
     assert list(rows) == ["reference", "lltm", "lstmcell", "gemm"]  # reference always runs
-    for impl, row in rows.items():
-        assert (row["batch"], row["features"], row["state"]) == (2, 3, 4)
-        assert row["error"] is None
-        for phase in bench.PHASES:
-            timing = row[phase]
-            assert timing["blocks"] == 2
-            assert 0 < timing["min_s"] <= timing["median_s"]
-            assert timing["speedup_vs_reference"] > 0
-        if impl == "gemm":
-            assert row["saved_for_backward_bytes"] is None
-        else:
-            assert row["saved_for_backward_bytes"] >= row["saved_beyond_inputs_bytes"] > 0
+    for row in rows.values():
+        assert (row["batch"], row["features"], row["state"], row["seq_len"]) == (2, 3, 4, None)
+        _check_timings(row)
+        assert "speedup_vs_lstm" not in row["step"]
     assert rows["reference"]["step"]["speedup_vs_reference"] == pytest.approx(1.0)
+
+
+def test_default_is_the_tutorials_configuration(capsys):
+    env = _run_json(capsys, *EAGER)["environment"]
+    assert (env["case"], env["inputs_grad"], env["seq_len"]) == ("cell", False, None)
+    assert "tutorial's configuration" in bench.report.title(env)
+    # Only the parameters require grad, and only they are differentiated.
+    for impl in ("reference", "lltm", "lstmcell"):
+        case = cases.make_case(impl, cases.Size(2, 3, 4), CPU, torch.float32)
+        x, h, c, *parameters = case.inputs
+        assert not (x.requires_grad or h.requires_grad or c.requires_grad)
+        assert case.leaves == parameters and len(case.step()) == len(parameters)
+        assert all(isinstance(t, torch.nn.Parameter) for t in case.leaves)
+
+
+def test_inputs_grad_differentiates_the_inputs_too(capsys):
+    env = _run_json(capsys, *EAGER, "--inputs-grad")["environment"]
+    assert (env["case"], env["inputs_grad"]) == ("cell", True)
+    assert "--inputs-grad" in bench.report.title(env)
+    case = cases.make_case("lltm", cases.Size(2, 3, 4), CPU, torch.float32, inputs_grad=True)
+    assert case.leaves == case.inputs and len(case.step()) == 5
 
 
 def test_json_to_file_and_table(tmp_path, capsys):
@@ -54,6 +109,7 @@ def test_json_to_file_and_table(tmp_path, capsys):
     assert json.loads(out.read_text())["environment"]["dtype"] == "float64"
     table = capsys.readouterr().out
     assert "2x3x4" in table and "lltm" in table and "speed-up" in table
+    assert "tutorial's configuration" in table
 
 
 def test_table_without_rich(monkeypatch, capsys):
@@ -71,8 +127,8 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_sweep_runs_every_size(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "SWEEP", ((1, 2, 3), (2, 3, 4), (3, 1, 2)))
-    report = _run_json(capsys, "--sweep")
+    monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4), (3, 1, 2)))
+    report = _run_json(capsys, *EAGER, "--sweep")
     sizes = {(r["batch"], r["features"], r["state"]) for r in report["results"]}
     assert sizes == {(1, 2, 3), (2, 3, 4), (3, 1, 2)}
     assert len(report["results"]) == 3 * 4
@@ -80,39 +136,169 @@ def test_sweep_runs_every_size(monkeypatch, capsys):
 
 def test_sweep_with_a_progress_bar(monkeypatch, capsys):
     pytest.importorskip("rich")
-    monkeypatch.setattr(bench, "SWEEP", ((1, 2, 3), (2, 3, 4)))
+    monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4)))
     assert bench.main([*FAST, "--impl", "lltm", "--sweep"]) == 0
     assert "1x2x3" in capsys.readouterr().out
 
 
-def test_threads_flag_is_applied(capsys, restore_num_threads):
-    report = _run_json(capsys, "--threads", "1")
+def test_threads_flag_is_applied(capsys):
+    report = _run_json(capsys, *EAGER, "--threads", "1")
     assert report["environment"]["threads"] == 1
 
 
 def test_failing_implementation_is_reported_not_fatal(monkeypatch, capsys):
-    real = bench.make_case
+    real = cases.make_case
 
     def make_case(impl, *args, **kwargs):
-        if impl == "lstmcell":
+        if impl in ("lstmcell", "lstm"):
             raise RuntimeError("not on this machine")
         return real(impl, *args, **kwargs)
 
-    monkeypatch.setattr(bench, "make_case", make_case)
-    rows = {r["impl"]: r for r in _run_json(capsys)["results"]}
+    monkeypatch.setattr(cases, "make_case", make_case)
+    rows = {r["impl"]: r for r in _run_json(capsys, *EAGER)["results"]}
     assert rows["lstmcell"]["error"] == "RuntimeError: not on this machine"
     assert rows["lltm"]["error"] is None
+    # The sequence table keeps its rival column without the rival.
+    report = _run_json(capsys, "--seq-len", "2", "--impl", "lltm-sequence,lstm")
+    rows = {r["impl"]: r for r in report["results"]}
+    assert rows["lstm"]["error"] == "RuntimeError: not on this machine"
+    assert rows["lltm-sequence"]["step"]["speedup_vs_lstm"] is None
+
+
+# --- Sequences -------------------------------------------------------------------
+
+
+def test_sequence_runs_every_implementation_per_length(capsys):
+    report = _run_json(capsys, "--seq-len", "2,3", "--impl", "all")
+    env = report["environment"]
+    assert (env["case"], env["inputs_grad"], env["seq_len"]) == ("sequence", False, [2, 3])
+    rows = _rows(report)
+    assert list(rows) == [(t, impl) for t in (2, 3) for impl in SEQUENCE_IMPLS]
+    for row in rows.values():
+        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstm"))
+    for t in (2, 3):
+        assert rows[t, "reference-loop"]["step"]["speedup_vs_reference"] == pytest.approx(1.0)
+        assert rows[t, "lstm"]["step"]["speedup_vs_lstm"] == pytest.approx(1.0)
+
+
+def test_sequence_default_implementations_and_table(capsys):
+    assert bench.main([*FAST, "--seq-len", "2", "--inputs-grad"]) == 0
+    table = capsys.readouterr().out
+    assert "sequence, gradients of the parameters, input, h_0 and c_0" in table
+    assert "vs nn.LSTM" in table
+    for impl in SEQUENCE_IMPLS[:-1]:
+        assert impl in table
+    assert "gemm" not in table  # the floor is opt-in, as for the cell
+
+
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_sequence_implementations_compute_the_same_thing(inputs_grad):
+    # Same weights (loaded from the reference) and inputs: same outputs and
+    # gradients, so the table compares like with like.
+    size = cases.Size(3, 5, 4, seq_len=4)
+    outputs, grads = {}, {}
+    for impl in ("reference-loop", "lltm-loop", "lltm-sequence"):
+        case = cases.make_case(impl, size, CPU, torch.float64, inputs_grad=inputs_grad)
+        assert len(case.leaves) == (5 if inputs_grad else 2)
+        outputs[impl] = [t.detach() for t in case.forward()]
+        grads[impl] = case.step()
+    for impl in ("lltm-loop", "lltm-sequence"):
+        h_n, c_n = outputs[impl][1:]
+        torch.testing.assert_close(outputs[impl][0], outputs["reference-loop"][0])
+        torch.testing.assert_close(h_n.reshape(3, 4), outputs["reference-loop"][1])
+        torch.testing.assert_close(c_n.reshape(3, 4), outputs["reference-loop"][2])
+        for ours, theirs in zip(grads[impl], grads["reference-loop"], strict=True):
+            torch.testing.assert_close(ours, theirs)
+    lstm = cases.make_case("lstm", size, CPU, torch.float64, inputs_grad=inputs_grad)
+    assert len(lstm.step()) == (7 if inputs_grad else 4)
+
+
+def test_sequence_plot_against_length(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "seq.png"
+    assert bench.main([*FAST, "--seq-len", "2,3", "--impl", "all", "-q", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sequence_with_several_sizes(capsys):
+    report = _run_json(capsys, "--sizes", "2x3x4,1x2x3", "--seq-len", "2", "--impl", "lltm-loop")
+    assert [(r["batch"], r["seq_len"], r["impl"]) for r in report["results"]] == [
+        (2, 2, "reference-loop"),
+        (2, 2, "lltm-loop"),
+        (1, 2, "reference-loop"),
+        (1, 2, "lltm-loop"),
+    ]
+
+
+# --- The GEMM floor --------------------------------------------------------------
+
+
+def _flops(case: bench.Case) -> tuple[int, int]:
+    counts = []
+    for phase in ("forward", "backward"):
+        with FlopCounterMode(display=False) as counter:
+            case.phase(phase)()
+        counts.append(counter.get_total_flops())
+    return counts[0], counts[1]
+
+
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_gemm_floor_of_a_cell(inputs_grad):
+    b, f, s = 2, 3, 4
+    case = cases.make_case("gemm", cases.Size(b, f, s), CPU, torch.float32, inputs_grad=inputs_grad)
+    gemm = 2 * b * (s + f) * 3 * s  # multiply-adds of one (b, s+f) x (s+f, 3s) product, x2
+    # Forward: [h, x] @ W^T. Backward: the weight gradient, and the input
+    # gradient d_gates @ W only when the inputs need it.
+    assert _flops(case) == (gemm, gemm * (2 if inputs_grad else 1))
+
+
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_gemm_floor_of_a_sequence(inputs_grad):
+    t, b, f, s = 5, 2, 3, 4
+    size = cases.Size(b, f, s, seq_len=t)
+    case = cases.make_case("gemm", size, CPU, torch.float32, inputs_grad=inputs_grad)
+    projection, recurrent = 2 * t * b * f * 3 * s, 2 * b * s * 3 * s
+    weight_grad = 2 * 3 * s * t * b * (s + f)
+    forward = projection + t * recurrent
+    backward = (t if inputs_grad else t - 1) * recurrent + weight_grad
+    if inputs_grad:
+        backward += projection  # d_gates @ W_x
+    assert _flops(case) == (forward, backward)
+
+
+# --- Arguments -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "args",
-    [["--impl", "nope"], ["--sizes", "2x3"], ["--dtype", "int8"], ["-r", "0"]],
-    ids=["impl", "sizes", "dtype", "runs"],
-)
-def test_bad_arguments_exit_with_a_message(args, capsys):
+    ("args", "message"),
+    [
+        (["--impl", "nope"], "no cell implementation nope"),
+        (["--impl", "lstm"], "no cell implementation lstm"),
+        (["--seq-len", "2", "--impl", "lstmcell"], "no sequence implementation lstmcell"),
+        (["--sizes", "2x3"], "expected BxFxS"),
+        (["--sizes", "2x3x4x5"], "expected BxFxS"),
+        (["--dtype", "int8"], "invalid choice"),
+        (["-r", "0"], "--runs must be at least 1"),
+        (["--seq-len", "0"], "sequence lengths of at least 1"),
+        (["--seq-len", "x"], "sequence lengths of at least 1"),
+        (["--seq-len", ""], "sequence lengths of at least 1"),
+    ],
+    ids=["impl", "impl-case", "impl-sequence", "sizes", "sizes-4", "dtype", "runs", "seq-0", "seq-x", "seq-empty"],
+)  # fmt: skip
+def test_bad_arguments_exit_with_a_message(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(args)
     assert exit_info.value.code != 0
+    assert message in capsys.readouterr().err
+
+
+def test_help_describes_both_cases(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("--seq-len", "--inputs-grad", "reference-loop", "lltm-sequence", "lstmcell"):
+        assert word in text
 
 
 def test_command_line_entry_point():
@@ -131,8 +317,53 @@ def test_command_line_entry_point():
     }
 
 
+# --- benchmarks/render.py --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def render():
+    spec = importlib.util.spec_from_file_location("render", ROOT / "benchmarks" / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_render_reads_files_from_before_the_sequence_case(render, capsys):
+    # Written when the bench timed one cell step with inputs requiring grad.
+    assert render.main([str(ROOT / "benchmarks" / "data" / "tutorial_1thread.json")]) == 0
+    text = capsys.readouterr().out
+    assert "cell, gradients of the parameters, input, h and c (--inputs-grad)" in text
+    assert "| size | impl | forward min / median |" in text
+    assert "| 16x32x128 | lltm | 80.7 / 82.5 us | 113.8 / 120.8 us | 229.0 / 242.6 us |" in text
+
+
+def test_render_a_sequence_run(render, tmp_path, capsys):
+    data = tmp_path / "seq.json"
+    assert bench.main([*FAST, "--seq-len", "2,3", "--impl", "all", "-q", "--json", str(data)]) == 0
+    plot = tmp_path / "seq.png"
+    assert render.main([str(data), "--plot", str(plot)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "sequence, gradients of the parameters only" in lines[2]
+    header = next(line for line in lines if line.startswith("| size"))
+    assert header.startswith("| size | T | impl |") and "vs nn.LSTM" in header
+    assert sum(line.startswith("| 2x3x4 | 3 |") for line in lines) == len(SEQUENCE_IMPLS)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_round_trip(capsys):
+    report = _run_json(capsys, "--seq-len", "2", "--impl", "lltm-sequence")
+    results, env = bench.from_json(report)
+    again = bench.to_json(results, env)
+    assert again["environment"] == env == report["environment"]
+    for old, new in zip(report["results"], again["results"], strict=True):
+        for phase in bench.PHASES:  # all but the number of blocks, which is not kept
+            del old[phase]["blocks"], new[phase]["blocks"]
+        assert new == old
+
+
 @pytest.mark.slow
-def test_compiled_reference_runs(capsys):
-    report = _run_json(capsys, "--impl", "compiled,lltm")
+@pytest.mark.parametrize("config", [[], ["--inputs-grad"]], ids=["parameters", "inputs-grad"])
+def test_compiled_reference_runs(config, capsys):
+    report = _run_json(capsys, "--impl", "compiled,lltm", *config)
     rows = {r["impl"]: r for r in report["results"]}
     assert rows["compiled"]["error"] is None and rows["compiled"]["step"]["min_s"] > 0

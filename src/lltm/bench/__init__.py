@@ -1,0 +1,84 @@
+"""``python -m lltm bench``: lltm against the LLTM in plain PyTorch and its rivals.
+
+With no arguments: one cell step at the tutorial's size (batch 16, 32
+features, state 128, float32) in the tutorial's own configuration, on the best
+available device (CUDA when lltm's CUDA kernels are active), in well under a
+minute. All LLTM implementations get the same weights and the same inputs.
+
+Cell (the default): one step, called as the tutorial calls it,
+new_h, new_cell = rnn(input, (old_h, old_cell)):
+
+  reference       the tutorial's pure-PyTorch LLTM (lltm.reference.LLTM),
+                  eager: the baseline
+  compiled        the same module under torch.compile
+  lltm            lltm.LLTM, the fused operator
+  lstmcell        torch.nn.LSTMCell(features, state): four gates where the
+                  LLTM has three
+  gemm            not a cell: only the matrix products one step needs
+                  (forward [old_h, input] @ W^T; backward d_gates^T @
+                  [old_h, input], and d_gates @ W with --inputs-grad), the
+                  floor under any implementation
+
+Sequence (--seq-len T[,T...]): T steps, output, (h_n, c_n) = rnn(input,
+(h_0, c_0)) with input (T, batch, features), as torch.nn.LSTM takes it:
+
+  reference-loop  the reference cell in a Python loop over the steps: the
+                  baseline
+  lltm-loop       lltm.LLTM in a Python loop over the steps
+  lltm-sequence   lltm.LLTMSequence: the whole sequence in one operator call
+  lstm            torch.nn.LSTM(features, state) (cuDNN, oneDNN or ATen):
+                  four gates where the LLTM has three
+  gemm            only the matrix products a fused implementation cannot
+                  avoid: forward the input projection of all steps at once,
+                  (T*B, F) x (F, 3S), and T recurrent (B, S) x (S, 3S);
+                  backward T-1 recurrent (B, 3S) x (3S, S) (T with
+                  --inputs-grad), the weight gradient (3S, T*B) x (T*B, S+F)
+                  and, with --inputs-grad, (T*B, 3S) x (3S, F)
+
+Configuration: as in the tutorial's benchmark, the inputs come from
+torch.randn and only the parameters require grad. With --inputs-grad the
+inputs require grad too (input, h and c; input, h_0 and c_0), as in a
+recurrent network where the state comes from the previous step, and the
+backward phases compute their gradients as well.
+
+Phases: forward (recording the autograd graph), backward (from a retained
+graph, the gradients of new_h.sum() + new_cell.sum(), or of output.sum() +
+h_n.sum() + c_n.sum() for sequences, with respect to every tensor that
+requires grad) and step (both, on a fresh graph each time). Each measurement
+is a block of calls timed by torch.utils.benchmark (warm-up, GPU
+synchronisation); the implementations take turns block by block so that
+machine noise hits them alike. The table gives min / median over blocks, and
+speed-ups of medians against the baseline; for sequences also against
+nn.LSTM (its median over ours: above 1 is faster than nn.LSTM).
+
+Memory: bytes of the distinct storages that one forward's autograd graph keeps
+for backward (torch.autograd.graph.saved_tensors_hooks), in all and beyond the
+inputs and parameters themselves.
+
+Extras (pip install 'lltm[bench]'): rich for the table and progress bar,
+matplotlib for --plot.
+"""
+
+from __future__ import annotations
+
+from .cases import CELL, PHASES, SEQUENCE, Case, Kind, Size, make_case
+from .cli import main, parser, run
+from .report import from_json, to_json
+from .timing import Result, measure
+
+__all__ = [
+    "CELL",
+    "PHASES",
+    "SEQUENCE",
+    "Case",
+    "Kind",
+    "Result",
+    "Size",
+    "from_json",
+    "main",
+    "make_case",
+    "measure",
+    "parser",
+    "run",
+    "to_json",
+]

@@ -1,0 +1,321 @@
+"""What is timed: one implementation at one size, as a callable per phase.
+
+Two kinds of case share everything but how they are built:
+
+* cell: one step, ``new_h, new_cell = rnn(input, (old_h, old_cell))``;
+* sequence: ``seq_len`` steps, ``output, (h_n, c_n) = rnn(input, (h_0, c_0))``.
+
+Every LLTM implementation of a case gets the same weights (those of one
+:class:`lltm.reference.LLTM`) and the same inputs. Which tensors require grad
+is the configuration: the parameters always, the inputs (input, h, c) only
+with ``inputs_grad`` (a recurrent network's view, where the state comes from
+the previous step). The backward phase computes the gradients of exactly the
+tensors that require grad, as ``.backward()`` would.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from ..module import LLTM, LLTMSequence
+
+PHASES = ("forward", "backward", "step")
+
+# --sweep: (batch, features, state) from below the tutorial's size to a large layer.
+SWEEP = (
+    (4, 32, 64),
+    (16, 32, 128),
+    (32, 64, 256),
+    (64, 128, 512),
+    (128, 256, 1024),
+    (256, 1024, 1024),
+)
+
+
+@dataclass(frozen=True)
+class Size:
+    """batch x features x state, and for a sequence its length (None: one cell step)."""
+
+    batch: int
+    features: int
+    state: int
+    seq_len: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.batch}x{self.features}x{self.state}"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of case: its implementations and what they are compared with."""
+
+    name: str
+    implementations: tuple[str, ...]
+    defaults: tuple[str, ...]
+    baseline: str
+    """Speed-ups are against this implementation; it always runs."""
+    rival: str | None = None
+    """A second comparison column (the stock torch module), if any."""
+
+
+CELL = Kind(
+    "cell",
+    implementations=("reference", "compiled", "lltm", "lstmcell", "gemm"),
+    defaults=("reference", "compiled", "lltm", "lstmcell"),
+    baseline="reference",
+)
+SEQUENCE = Kind(
+    "sequence",
+    implementations=("reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"),
+    defaults=("reference-loop", "lltm-loop", "lltm-sequence", "lstm"),
+    baseline="reference-loop",
+    rival="lstm",
+)
+
+
+def kind_of(size: Size) -> Kind:
+    return CELL if size.seq_len is None else SEQUENCE
+
+
+# --- The phases ------------------------------------------------------------------
+
+
+class Case:
+    """One implementation at one size: ``forward``, ``backward`` and ``step``."""
+
+    def __init__(self, impl: str) -> None:
+        self.impl = impl
+
+    def forward(self) -> Any:
+        raise NotImplementedError
+
+    def backward(self) -> Any:
+        raise NotImplementedError
+
+    def step(self) -> Any:
+        raise NotImplementedError
+
+    def phase(self, name: str) -> Callable[[], Any]:
+        return getattr(self, name)
+
+    def saved_for_backward(self) -> tuple[int, int] | None:
+        """Bytes one forward keeps for backward (see AutogradCase), or None."""
+        return None
+
+
+class AutogradCase(Case):
+    """A module called on fixed inputs, differentiated by autograd.
+
+    ``call`` returns the outputs whose sum is the loss: (new_h, new_cell) for
+    a cell, (output, h_n, c_n) for a sequence. Gradients of ones are the
+    gradients of that sum. ``inputs`` are every tensor the call reads,
+    parameters included; the backward phases differentiate with respect to
+    those among them that require grad, and only those.
+    """
+
+    def __init__(
+        self, impl: str, call: Callable[[], Sequence[Tensor]], inputs: Sequence[Tensor]
+    ) -> None:
+        super().__init__(impl)
+        self.call = call
+        self.inputs = list(inputs)
+        self.leaves = [t for t in self.inputs if t.requires_grad]
+        self._graph: tuple[Tensor, ...] | None = None
+        self._ones: tuple[Tensor, ...] | None = None
+
+    def forward(self) -> Any:
+        return self.call()
+
+    def backward(self) -> Any:
+        if self._graph is None:  # one graph, kept for every backward block
+            self._graph = tuple(self.call())
+            self._ones = tuple(torch.ones_like(t) for t in self._graph)
+        return torch.autograd.grad(self._graph, self.leaves, self._ones, retain_graph=True)
+
+    def step(self) -> Any:
+        outputs = tuple(self.call())
+        if self._ones is None:
+            self._ones = tuple(torch.ones_like(t) for t in outputs)
+        return torch.autograd.grad(outputs, self.leaves, self._ones)
+
+    def saved_for_backward(self) -> tuple[int, int]:
+        """Bytes of the distinct storages one forward saves for backward: in
+        all, and beyond those of the inputs and parameters (what the graph
+        alone keeps alive)."""
+        storages: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            self.forward()
+        inputs = {t.untyped_storage().data_ptr() for t in self.inputs}
+        beyond = sum(n for ptr, n in storages.items() if ptr not in inputs)
+        return sum(storages.values()), beyond
+
+
+class GemmCase(Case):
+    """Not an implementation: the matrix products one forward and one backward
+    cannot avoid, on random operands of the right shapes (their values do not
+    matter, as long as they are not denormal)."""
+
+    def __init__(
+        self,
+        forward: Sequence[Callable[[], Tensor]],
+        backward: Sequence[Callable[[], Tensor]],
+    ) -> None:
+        super().__init__("gemm")
+        self._forward, self._backward = list(forward), list(backward)
+
+    def forward(self) -> Any:
+        return [product() for product in self._forward]
+
+    def backward(self) -> Any:
+        return [product() for product in self._backward]
+
+    def step(self) -> Any:
+        return self.forward(), self.backward()
+
+
+# --- Building cases --------------------------------------------------------------
+
+
+def make_case(
+    impl: str,
+    size: Size,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    inputs_grad: bool = False,
+    seed: int = 0,
+) -> Case:
+    """``impl`` at ``size``: a cell step, or a sequence when ``size.seq_len`` is set."""
+    kind = kind_of(size)
+    if impl not in kind.implementations:
+        raise ValueError(f"no {kind.name} implementation {impl!r}")
+    torch.manual_seed(seed)
+    # Every LLTM implementation gets these weights; the inputs are drawn next,
+    # before any implementation-specific module, so they are the same for all.
+    ref = reference.LLTM(size.features, size.state).to(device=device, dtype=dtype)
+
+    def tensor(*shape: int, leaf: bool = inputs_grad) -> Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=leaf)
+
+    if impl == "gemm":
+        floor = _cell_gemm if size.seq_len is None else _sequence_gemm
+        return floor(ref.weights.detach(), size, inputs_grad, partial(tensor, leaf=False))
+    b, f, s = size.batch, size.features, size.state
+    if size.seq_len is None:
+        x, h, c = tensor(b, f), tensor(b, s), tensor(b, s)
+        module = _cell_module(impl, ref)
+        return AutogradCase(impl, lambda: module(x, (h, c)), [x, h, c, *module.parameters()])
+    # (num_layers * directions, batch, state), as nn.LSTM and LLTMSequence take it.
+    x, h_0, c_0 = tensor(size.seq_len, b, f), tensor(1, b, s), tensor(1, b, s)
+    module, call = _sequence_module(impl, ref)
+    return AutogradCase(impl, lambda: call(x, h_0, c_0), [x, h_0, c_0, *module.parameters()])
+
+
+def _cell_module(impl: str, ref: reference.LLTM) -> torch.nn.Module:
+    f, s = ref.input_features, ref.state_size
+    if impl == "reference":
+        return ref
+    if impl == "compiled":
+        # One static graph per size: after a shape change, automatic dynamic
+        # shapes make AOTAutograd donate buffers, which forbids the retained
+        # graph that the backward phase is timed on.
+        return torch.compile(copy.deepcopy(ref), dynamic=False)
+    if impl == "lltm":
+        return _like(LLTM(f, s), ref)
+    assert impl == "lstmcell"
+    return torch.nn.LSTMCell(f, s).to(ref.weights)
+
+
+SequenceCall = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+
+
+def _sequence_module(impl: str, ref: reference.LLTM) -> tuple[torch.nn.Module, SequenceCall]:
+    """The module and how to run it on (input, h_0, c_0), returning (output, h_n, c_n)."""
+    f, s = ref.input_features, ref.state_size
+    if impl in ("reference-loop", "lltm-loop"):
+        cell = ref if impl == "reference-loop" else _like(LLTM(f, s), ref)
+        return cell, lambda x, h_0, c_0: _loop(cell, x, h_0[0], c_0[0])
+    if impl == "lltm-sequence":
+        module: torch.nn.Module = _like(LLTMSequence(f, s), ref)
+    else:
+        assert impl == "lstm"
+        module = torch.nn.LSTM(f, s).to(ref.weights)
+
+    def call(x: Tensor, h_0: Tensor, c_0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        output, (h_n, c_n) = module(x, (h_0, c_0))
+        return output, h_n, c_n
+
+    return module, call
+
+
+def _loop(
+    cell: torch.nn.Module, input: Tensor, h: Tensor, c: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A cell over the steps of ``input`` in Python, the way a user writes it."""
+    outputs = []
+    for x in input.unbind(0):
+        h, c = cell(x, (h, c))
+        outputs.append(h)
+    return torch.stack(outputs), h, c
+
+
+def _like(module: torch.nn.Module, ref: reference.LLTM) -> torch.nn.Module:
+    """``module`` on ref's device and dtype, with ref's weights."""
+    module = module.to(ref.weights)
+    module.load_state_dict(ref.state_dict())
+    return module
+
+
+MakeTensor = Callable[..., Tensor]
+
+
+def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:
+    """One step: forward ``[old_h, input] @ W^T``; backward the weight gradient
+    ``d_gates^T @ [old_h, input]`` and, when the inputs need gradients,
+    ``d_gates @ W``."""
+    b, f, s = size.batch, size.features, size.state
+    x, d_gates = tensor(b, s + f), tensor(b, 3 * s)
+    backward = [lambda: torch.mm(d_gates.t(), x)]
+    if inputs_grad:
+        backward.append(lambda: torch.mm(d_gates, weights))
+    return GemmCase([lambda: torch.mm(x, weights.t())], backward)
+
+
+def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:
+    """``seq_len`` steps, with the input projection of all steps batched (as a
+    fused implementation can) and the recurrent products one step at a time
+    (as any implementation must).
+
+    Forward: the input projection ``(T*B, F) x (F, 3S)`` and T recurrent
+    products ``(B, S) x (S, 3S)``. Backward: the recurrent products ``(B, 3S)
+    x (3S, S)`` that carry the gradient of h back one step (T - 1 of them, T
+    when h_0 needs its gradient), the weight gradient ``(3S, T*B) x (T*B, S+F)``
+    and, when the inputs need gradients, ``(T*B, 3S) x (3S, F)``.
+    """
+    t, b, f, s = size.seq_len or 0, size.batch, size.features, size.state
+    w_h, w_x = weights[:, :s], weights[:, s:]
+    # Every step's [h, input] and d_gates, stacked along the batch.
+    xs, d_gates = tensor(t * b, s + f), tensor(t * b, 3 * s)
+    h = tensor(b, s)
+    d_steps = d_gates.split(b)
+    forward = [lambda: torch.mm(xs[:, s:], w_x.t())]
+    forward += [lambda: torch.mm(h, w_h.t())] * t
+    backward = [lambda d=d: torch.mm(d, w_h) for d in d_steps[: t if inputs_grad else t - 1]]
+    backward.append(lambda: torch.mm(d_gates.t(), xs))
+    if inputs_grad:
+        backward.append(lambda: torch.mm(d_gates, w_x))
+    return GemmCase(forward, backward)

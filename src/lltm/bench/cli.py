@@ -1,0 +1,300 @@
+"""The command line: flags, one run over the sizes asked for, its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .._version import __version__
+from . import cases, report, timing
+from .cases import CELL, PHASES, SEQUENCE, Kind, Size
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+# --- A run -----------------------------------------------------------------------
+
+
+def pick_device(name: str) -> torch.device:
+    from .. import _backends
+
+    if name == "auto":
+        active, _why = _backends.cuda_status()
+        return torch.device("cuda" if active else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("lltm bench: CUDA was asked for, but no CUDA device is available")
+    return torch.device(name)
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device, dtype: torch.dtype, threads: int) -> dict[str, Any]:
+    """Versions and machine: what a reader needs to compare two runs."""
+    env: dict[str, Any] = {
+        "lltm": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "threads": threads,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def sizes_of(args: argparse.Namespace) -> list[Size]:
+    """Every (batch, features, state) asked for, times every sequence length."""
+    if args.sizes:
+        shapes = [(s.batch, s.features, s.state) for s in args.sizes]
+    elif args.sweep:
+        shapes = list(cases.SWEEP)
+    else:
+        shapes = [(args.batch_size, args.features, args.state_size)]
+    return [Size(*shape, seq_len) for shape in shapes for seq_len in args.seq_len or [None]]
+
+
+def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
+    """Measures every implementation of ``args.impl`` at every size; an
+    implementation that fails is reported as such, not fatal."""
+    device = pick_device("cuda" if args.cuda else args.device)
+    dtype = torch.float64 if args.double else DTYPES[args.dtype]
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    kind = kind_of_args(args)
+    sizes = sizes_of(args)
+    impls = list(dict.fromkeys([kind.baseline, *args.impl]))  # speed-ups are against it
+    blocks_per_impl = len(PHASES) * args.runs
+    results: list[timing.Result] = []
+    with timing.progress(
+        len(sizes) * len(impls) * blocks_per_impl, len(sizes) > 1 and not args.quiet
+    ) as start:
+        for size in sizes:
+            length = "" if size.seq_len is None else f" T={size.seq_len}"
+            advance = start(f"{size}{length} {dtype} {device}")
+            ready: list[cases.Case] = []
+            for impl in impls:
+                try:
+                    case = cases.make_case(
+                        impl, size, device, dtype, inputs_grad=args.inputs_grad, seed=args.seed
+                    )
+                    for phase in PHASES:  # fail early: compile errors, unsupported dtypes
+                        case.phase(phase)()
+                    ready.append(case)
+                except Exception as error:  # noqa: BLE001 - one failing implementation must not end the run
+                    message = f"{type(error).__name__}: {error}".splitlines()[0]
+                    results.append(timing.Result(size, impl, error=message))
+                    for _ in range(blocks_per_impl):
+                        advance()
+            times = timing.measure(ready, args.runs, threads, args.block_seconds, advance)
+            for case in ready:
+                result = timing.Result(size, case.impl, times=times[case.impl])
+                with contextlib.suppress(Exception):
+                    saved = case.saved_for_backward()
+                    if saved is not None:
+                        result.saved_bytes, result.saved_beyond_inputs_bytes = saved
+                results.append(result)
+    results.sort(key=lambda r: (sizes.index(r.size), impls.index(r.impl)))
+    env = environment(device, dtype, threads)
+    env["blocks"] = args.runs
+    env["command"] = " ".join(["python -m lltm bench", *args.argv])
+    env["case"] = kind.name
+    env["inputs_grad"] = args.inputs_grad
+    env["seq_len"] = args.seq_len
+    return results, env
+
+
+# --- Command line ----------------------------------------------------------------
+
+
+def kind_of_args(args: argparse.Namespace) -> Kind:
+    return SEQUENCE if args.seq_len else CELL
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected NAME[,NAME...], got {text!r}")
+    return names
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected T[,T...], sequence lengths of at least 1, got {text!r}"
+        )
+    return lengths
+
+
+def _size_list(text: str) -> list[Size]:
+    try:
+        sizes = [
+            Size(*(int(n) for n in item.lower().split("x")))
+            for item in text.split(",")
+            if item.strip()
+        ]
+    except (TypeError, ValueError):
+        sizes = []
+    if (
+        not sizes
+        or any(s.seq_len is not None for s in sizes)
+        or any(min(s.batch, s.features, s.state) < 0 for s in sizes)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"expected BxFxS[,BxFxS...] (batch x features x state), got {text!r}"
+        )
+    return sizes
+
+
+def _choices(kind: Kind) -> str:
+    return f"{','.join(kind.implementations)}, or all (default {','.join(kind.defaults)})"
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import __doc__ as description
+
+    p = argparse.ArgumentParser(
+        prog="lltm bench",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    size = p.add_argument_group("size (the tutorial's flags)")
+    size.add_argument("-b", "--batch-size", type=int, default=16)
+    size.add_argument("-f", "--features", type=int, default=32)
+    size.add_argument("-s", "--state-size", type=int, default=128)
+    size.add_argument(
+        "--sweep",
+        action="store_true",
+        help="instead, the sizes " + ", ".join(str(Size(*s)) for s in cases.SWEEP),
+    )
+    size.add_argument(
+        "--sizes",
+        type=_size_list,
+        metavar="BxFxS,...",
+        help="instead, these sizes, e.g. 16x32x128,256x1024x1024",
+    )
+    what = p.add_argument_group("what and where")
+    what.add_argument(
+        "--seq-len",
+        type=_lengths,
+        metavar="T,...",
+        help="time whole sequences of these lengths instead of one cell step "
+        "(with every size asked for)",
+    )
+    what.add_argument(
+        "--inputs-grad",
+        action="store_true",
+        help="the inputs and state require grad too (default: only the parameters, "
+        "as in the tutorial)",
+    )
+    what.add_argument(
+        "--impl",
+        type=_names,
+        metavar="NAMES",
+        help=f"comma-separated implementations; cell: {_choices(CELL)}; "
+        f"sequence: {_choices(SEQUENCE)}. The baseline (reference, reference-loop) always runs",
+    )
+    what.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto (default): CUDA if lltm's CUDA kernels are active, else CPU",
+    )
+    what.add_argument("-c", "--cuda", action="store_true", help="same as --device cuda")
+    what.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    what.add_argument("-d", "--double", action="store_true", help="same as --dtype float64")
+    what.add_argument(
+        "--threads", type=int, default=0, help="CPU threads (default: torch's current number)"
+    )
+    how = p.add_argument_group("measurement and output")
+    how.add_argument(
+        "-r",
+        "--runs",
+        type=int,
+        default=15,
+        help="interleaved blocks per implementation and phase (default 15)",
+    )
+    how.add_argument(
+        "--block-seconds",
+        type=float,
+        default=timing.BLOCK_SECONDS,
+        help=f"target length of one block (default {timing.BLOCK_SECONDS})",
+    )
+    how.add_argument("--seed", type=int, default=0)
+    how.add_argument(
+        "--scale",
+        choices=("auto", *report.UNITS),
+        default="auto",
+        help="time unit of the table (default auto: us, or ms from 10 ms on)",
+    )
+    how.add_argument(
+        "--json", metavar="FILE", help="write results and environment as JSON (- for stdout)"
+    )
+    how.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="plot time and speed-ups against size or sequence length (needs matplotlib)",
+    )
+    how.add_argument("-q", "--quiet", action="store_true", help="no table, no progress bar")
+    return p
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The flags, checked; ``--impl`` resolved against the kind of case."""
+    p = parser()
+    args = p.parse_args(argv)
+    args.argv = list(argv)
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    kind = kind_of_args(args)
+    names = args.impl or list(kind.defaults)
+    if names == ["all"]:
+        names = list(kind.implementations)
+    unknown = [n for n in names if n not in kind.implementations]
+    if unknown:
+        p.error(
+            f"argument --impl: no {kind.name} implementation {', '.join(unknown)}; "
+            f"choose among {_choices(kind)}"
+        )
+    args.impl = names
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(list(sys.argv[1:] if argv is None else argv))
+    results, env = run(args)
+    if args.json:
+        report.write_json(results, env, args.json)
+    if not args.quiet and args.json != "-":
+        report.print_table(results, env, args.scale)
+    if args.plot:
+        report.plot(results, env, args.plot, report.pick_unit(results, args.scale))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Results as a table, as JSON (and back, for benchmarks/render.py) and as a plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from .cases import CELL, PHASES, Kind, Size, kind_of
+from .timing import Result
+
+UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+# How the comparisons read in titles and column headers.
+NAMES = {
+    "reference": "the eager reference",
+    "reference-loop": "the reference loop",
+    "lstm": "nn.LSTM",
+}
+
+
+def kind_of_results(results: Sequence[Result]) -> Kind:
+    """The kind of case of a run (one run measures one kind)."""
+    return kind_of(results[0].size) if results else CELL
+
+
+def speedup(results: Sequence[Result], result: Result, phase: str, against: str) -> float | None:
+    """Median time of ``against`` over that of ``result``, at the same size."""
+    other = next((r for r in results if r.size == result.size and r.impl == against), None)
+    ours, theirs = result.median(phase), other.median(phase) if other else None
+    return theirs / ours if ours and theirs else None
+
+
+def _comparisons(kind: Kind) -> dict[str, str]:
+    """JSON field name -> implementation compared with. The baseline keeps the
+    name ``speedup_vs_reference`` whatever the case (reference, reference-loop):
+    readers of older files look for it."""
+    fields = {"speedup_vs_reference": kind.baseline}
+    if kind.rival:
+        fields[f"speedup_vs_{kind.rival}"] = kind.rival
+    return fields
+
+
+# --- JSON ------------------------------------------------------------------------
+
+
+def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
+    """``{"environment": env, "results": [one row per size and implementation]}``."""
+    comparisons = _comparisons(kind_of_results(results))
+    rows = []
+    for r in results:
+        row: dict[str, Any] = {**asdict(r.size), "impl": r.impl, "error": r.error}
+        for phase in PHASES:
+            row[phase] = {
+                "min_s": r.min(phase),
+                "median_s": r.median(phase),
+                "blocks": len(r.times.get(phase) or []),
+                **{key: speedup(results, r, phase, impl) for key, impl in comparisons.items()},
+            }
+        row["saved_for_backward_bytes"] = r.saved_bytes
+        row["saved_beyond_inputs_bytes"] = r.saved_beyond_inputs_bytes
+        rows.append(row)
+    return {"environment": env, "results": rows}
+
+
+# What files written before these fields existed measured: one cell step with
+# inputs that require grad.
+OLD_ENVIRONMENT = {"case": "cell", "inputs_grad": True, "seq_len": None}
+
+
+def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
+    """Results and environment of a ``--json`` file, such that min() and
+    median() give back the recorded values (speed-ups follow from those)."""
+    results = []
+    for row in report["results"]:
+        times = {
+            phase: [row[phase]["min_s"], row[phase]["median_s"], row[phase]["median_s"]]
+            for phase in PHASES
+            if row[phase]["min_s"] is not None
+        }
+        size = Size(row["batch"], row["features"], row["state"], row.get("seq_len"))
+        results.append(
+            Result(
+                size,
+                row["impl"],
+                times,
+                saved_bytes=row["saved_for_backward_bytes"],
+                saved_beyond_inputs_bytes=row["saved_beyond_inputs_bytes"],
+                error=row["error"],
+            )
+        )
+    return results, {**OLD_ENVIRONMENT, **report["environment"]}
+
+
+# --- Table -----------------------------------------------------------------------
+
+
+def configuration(env: dict[str, Any]) -> str:
+    """Which case ran, and which gradients its backward computes."""
+    sequence = env["case"] == "sequence"
+    if env["inputs_grad"]:
+        state = "input, h_0 and c_0" if sequence else "input, h and c"
+        return f"{env['case']}, gradients of the parameters, {state} (--inputs-grad)"
+    return f"{env['case']}, gradients of the parameters only" + (
+        "" if sequence else " (the tutorial's configuration)"
+    )
+
+
+def title(env: dict[str, Any]) -> str:
+    env = {**OLD_ENVIRONMENT, **env}
+    where = env.get("gpu") or env["cpu"]
+    return (
+        f"lltm {env['lltm']}, torch {env['torch']}: {configuration(env)}; "
+        f"{env['dtype']} on {env['device']} ({where}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}), "
+        f"{env['blocks']} blocks each"
+    )
+
+
+def pick_unit(results: Sequence[Result], unit: str) -> str:
+    """One unit for a whole plot: us, or ms when some step takes over 10 ms."""
+    if unit != "auto":
+        return unit
+    slowest = max((r.median("step") or 0.0 for r in results), default=0.0)
+    return "ms" if slowest > 0.01 else "us"
+
+
+def table_rows(results: Sequence[Result], unit: str = "auto") -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the results table; ``auto`` picks us or ms per cell.
+
+    Columns: size (and T for sequences), impl, min / median per phase,
+    speed-ups against the baseline (and the rival, for sequences), saved
+    bytes. The columns up to ``impl`` are labels, the rest numbers.
+    """
+    kind = kind_of_results(results)
+    sequence = kind.name == "sequence"
+
+    def timing(r: Result, phase: str) -> str:
+        low, mid = r.min(phase), r.median(phase)
+        if low is None or mid is None:
+            return "-"
+        u = unit if unit != "auto" else ("ms" if mid > 0.01 else "us")
+        return f"{low * UNITS[u]:,.1f} / {mid * UNITS[u]:,.1f} {u}"
+
+    def ratios(r: Result, against: str) -> str:
+        values = (speedup(results, r, phase, against) for phase in PHASES)
+        return " / ".join("-" if v is None else f"{v:.2f}" for v in values)
+
+    def kib(n: int | None) -> str:
+        return "-" if n is None else f"{n / 1024:,.0f}"
+
+    header = [
+        "size",
+        *(["T"] if sequence else []),
+        "impl",
+        *(f"{phase} min / median" for phase in PHASES),
+        "speed-up fwd / bwd / step",
+        *([f"vs {NAMES[kind.rival]} fwd / bwd / step"] if kind.rival else []),
+        "saved KiB (beyond inputs)",
+    ]
+    rows = []
+    for r in results:
+        labels = [str(r.size), *([str(r.size.seq_len)] if sequence else []), r.impl]
+        if r.error:
+            rows.append([*labels, f"failed: {r.error}", *[""] * (len(header) - len(labels) - 1)])
+            continue
+        saved = (
+            "-"
+            if r.saved_bytes is None
+            else f"{kib(r.saved_bytes)} ({kib(r.saved_beyond_inputs_bytes)})"
+        )
+        rows.append(
+            [
+                *labels,
+                *(timing(r, phase) for phase in PHASES),
+                ratios(r, kind.baseline),
+                *([ratios(r, kind.rival)] if kind.rival else []),
+                saved,
+            ]
+        )
+    return header, rows
+
+
+def label_columns(header: Sequence[str]) -> int:
+    """How many leading columns are labels (left-aligned): up to ``impl``."""
+    return list(header).index("impl") + 1
+
+
+def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> None:
+    header, rows = table_rows(results, unit)
+    labels = label_columns(header)
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(title(env))
+        for line in (header, *rows):
+            cells = zip(line, widths, strict=True)
+            print(
+                "  ".join(
+                    c.ljust(w) if i < labels else c.rjust(w) for i, (c, w) in enumerate(cells)
+                )
+            )
+        return
+    table = Table(title=title(env), title_justify="left")
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < labels else "right")
+    for row in rows:
+        table.add_row(*row)
+    # Wide enough for every cell on one line (rich: a space each side and a
+    # border per column), whatever the terminal, or none, says.
+    Console(width=max(sum(widths) + 3 * len(widths) + 1, len(title(env)))).print(table)
+
+
+# --- Plot ------------------------------------------------------------------------
+
+
+def _axis(sizes: Sequence[Size]) -> tuple[list[str], str]:
+    """Tick labels and axis label for the points of a run: sizes, lengths or both."""
+    if all(s.seq_len is None for s in sizes):
+        return [str(s) for s in sizes], "batch x features x state"
+    if len({str(s) for s in sizes}) == 1:
+        return [str(s.seq_len) for s in sizes], f"sequence length T (at {sizes[0]})"
+    return [f"{s} T={s.seq_len}" for s in sizes], "batch x features x state, sequence length"
+
+
+def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:
+    """Step time per size (or sequence length), and speed-ups against the
+    baseline (and, for sequences, against nn.LSTM)."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise SystemExit(
+            "lltm bench: --plot needs matplotlib (pip install 'lltm[bench]')"
+        ) from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kind = kind_of_results(results)
+    comparisons = [kind.baseline, *([kind.rival] if kind.rival else [])]
+    sizes = list(dict.fromkeys(r.size for r in results))
+    ticks, xlabel = _axis(sizes)
+    impls = list(dict.fromkeys(r.impl for r in results if not r.error))
+    fig, axes = plt.subplots(
+        1, 1 + len(comparisons), figsize=(6 * (1 + len(comparisons)), 4.8), layout="constrained"
+    )
+    ax_time, speed_axes = axes[0], axes[1:]
+    # One colour per implementation, the same in every panel.
+    colours = {impl: f"C{i}" for i, impl in enumerate(impls)}
+    for impl in impls:
+        mine = {r.size: r for r in results if r.impl == impl and not r.error}
+        xs = [i for i, s in enumerate(sizes) if s in mine]
+        floor = impl == "gemm"
+        ax_time.plot(
+            xs,
+            [mine[sizes[i]].median("step") * UNITS[unit] for i in xs],
+            "--" if floor else "-",
+            marker="o",
+            color=colours[impl],
+            label="GEMMs only" if floor else impl,
+        )
+        for ax, against in zip(speed_axes, comparisons, strict=True):
+            if impl in (against, "gemm"):
+                continue
+            ax.plot(
+                xs,
+                [speedup(results, mine[sizes[i]], "step", against) or math.nan for i in xs],
+                marker="o",
+                color=colours[impl],
+                label=f"{impl} step",
+            )
+            ax.plot(
+                xs,
+                [speedup(results, mine[sizes[i]], "forward", against) or math.nan for i in xs],
+                ":",
+                marker=".",
+                color=colours[impl],
+                label=f"{impl} forward",
+            )
+    ax_time.set(
+        yscale="log",
+        ylabel=f"forward + backward, median ({unit})",
+        title="time per sequence (all T steps)" if kind.name == "sequence" else "time per step",
+    )
+    for ax, against in zip(speed_axes, comparisons, strict=True):
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(
+            ylabel=f"{against} time / time (medians)", title=f"speed-up against {NAMES[against]}"
+        )
+    for ax in axes:
+        ax.set_xticks(range(len(sizes)), ticks, rotation=20)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title(env), fontsize="medium")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_json(results: Sequence[Result], env: dict[str, Any], path: str) -> None:
+    """``path``, or stdout for ``-``."""
+    text = json.dumps(to_json(results, env), indent=2)
+    if path == "-":
+        sys.stdout.write(text + "\n")
+        return
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(text + "\n")

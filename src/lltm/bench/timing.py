@@ -1,0 +1,122 @@
+"""Interleaved measurement: every case takes its turn, block by block.
+
+Timings on a shared machine move by tens of per cent from one second to the
+next. Timing each implementation in one go would give that drift to whichever
+ran at the wrong moment; taking turns one block at a time spreads it over all
+of them, and the minimum and median over blocks show how much there was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from torch.utils import benchmark
+
+from .cases import PHASES, Case, Size
+
+# Wall time one block aims at: long enough to dwarf the timer's own cost,
+# short enough for many interleaved blocks.
+BLOCK_SECONDS = 0.02
+
+
+@dataclass
+class Result:
+    """Seconds per call of one implementation at one size, one entry per block."""
+
+    size: Size
+    impl: str
+    times: dict[str, list[float]] = field(default_factory=dict)
+    saved_bytes: int | None = None
+    saved_beyond_inputs_bytes: int | None = None
+    error: str | None = None
+
+    def min(self, phase: str) -> float | None:
+        return min(self.times[phase]) if self.times.get(phase) else None
+
+    def median(self, phase: str) -> float | None:
+        values = sorted(self.times.get(phase) or [])
+        if not values:
+            return None
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def _calls_per_block(timer: benchmark.Timer, block_seconds: float) -> int:
+    start = time.perf_counter()
+    first = timer.timeit(1).mean  # also the warm-up: compiles, allocates
+    if time.perf_counter() - start > 4 * block_seconds:
+        return 1
+    per_call = timer.timeit(max(1, int(0.25 * block_seconds / first))).mean
+    return max(1, round(block_seconds / per_call))
+
+
+def measure(
+    cases: Sequence[Case],
+    rounds: int,
+    threads: int,
+    block_seconds: float = BLOCK_SECONDS,
+    on_block: Callable[[], None] = lambda: None,
+) -> dict[str, dict[str, list[float]]]:
+    """Seconds per call, per implementation and phase, one entry per round.
+
+    Each round times one block of every (implementation, phase) in turn.
+    torch.utils.benchmark does the warm-up, sets the thread count and
+    synchronises the GPU around each block.
+    """
+    timers = {
+        (case.impl, phase): benchmark.Timer(
+            stmt="fn()", globals={"fn": case.phase(phase)}, num_threads=threads
+        )
+        for case in cases
+        for phase in PHASES
+    }
+    calls = {key: _calls_per_block(timer, block_seconds) for key, timer in timers.items()}
+    times: dict[str, dict[str, list[float]]] = {c.impl: {p: [] for p in PHASES} for c in cases}
+    for _ in range(rounds):
+        for (impl, phase), timer in timers.items():
+            times[impl][phase].append(timer.timeit(calls[impl, phase]).mean)
+            on_block()
+    return times
+
+
+@contextlib.contextmanager
+def progress(total: int, enabled: bool) -> Iterator[Callable[[str], Callable[[], None]]]:
+    """Yields start(label) -> advance: a rich progress bar over ``total``
+    blocks, or no-ops."""
+
+    def quiet(_label: str) -> Callable[[], None]:
+        return lambda: None
+
+    if not enabled:
+        yield quiet
+        return
+    try:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+    except ImportError:
+        print("lltm bench: pip install rich for a progress bar", file=sys.stderr)
+        yield quiet
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("", total=total)
+
+        def start(label: str) -> Callable[[], None]:
+            bar.update(task, description=label)
+            return lambda: bar.advance(task)
+
+        yield start
