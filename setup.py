@@ -23,7 +23,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 ROOT = Path(__file__).parent.resolve()
@@ -81,7 +81,7 @@ def cpu_variant() -> dict:
     return dict(
         name="lltm",
         description="The LLTM recurrent cell as a fused, stable-ABI PyTorch operator",
-        packages=["lltm"],
+        packages=find_packages("src", include=["lltm", "lltm.*"]),
         package_dir={"": "src"},
         package_data={"lltm": ["py.typed"]},
         ext_modules=[ext],
