@@ -34,9 +34,6 @@
 namespace lltm::cpu {
 namespace {
 
-// Rows whose d_gates are summed in T before joining grad_bias's double sums.
-constexpr int64_t kFoldRows = 16;
-
 // [old_h, input] as one (batch, state + features) matrix, so that the forward
 // and grad_weights are one GEMM each. At the tutorial's size two GEMMs into one
 // buffer (old_h @ W_h^T, then += input @ W_x^T) took 40 us, one GEMM on this

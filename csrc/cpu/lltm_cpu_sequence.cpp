@@ -9,7 +9,8 @@
 //             d_gates_t and the gradient of c_prev, then the gradient of
 //             h_prev = d_gates_t @ W_h. After the loop, over all steps at once:
 //             grad_weights = d_gates^T @ [h_prev, input] (one GEMM),
-//             grad_input = d_gates @ W_x (one GEMM) and grad_bias (a column sum).
+//             grad_input = d_gates @ W_x (one GEMM); grad_bias is summed along
+//             the way.
 // Steps run on a running state: step t updates its first batch_sizes[t]
 // rows, the others keep theirs, which is what a PackedSequence needs in both
 // directions (lltm_ops.cpp). The per-step products are the packed kernel of
@@ -102,26 +103,33 @@ Tensor as_rows(const Tensor& t, const SequenceSizes& n) {
   return reshaped_view(torch::stable::contiguous(t), steps * batch, width, width, 1);
 }
 
-// Runs fn(first_row, end_row) over rows [0, rows) of one step: in blocks of
-// whole register tiles on several threads when the step's product is worth
-// splitting, else in one call.
-template <typename Fn>
-void for_row_blocks(int64_t rows, int64_t product, int64_t tile_rows, const Fn& fn) {
-  const int64_t threads = torch::stable::get_num_threads();
-  if (threads < 2 || product < kMinParallelProduct || rows <= tile_rows) {
-    fn(int64_t(0), rows);
-    return;
-  }
-  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-  const int64_t blocks = std::min(threads, tiles);
-  const int64_t block_rows = (tiles + blocks - 1) / blocks * tile_rows;
-  torch::stable::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t first = b * block_rows;
-      if (first < rows) fn(first, std::min(rows, first + block_rows));
+// How one step's rows are split between threads: in blocks of whole
+// register tiles, as many blocks as threads when the step's product is worth
+// splitting, else one block.
+struct RowBlocks {
+  int64_t threads;
+  int64_t tile_rows;
+
+  // fn(block, first_row, end_row) for rows [0, rows); block < threads.
+  template <typename Fn>
+  void run(int64_t rows, int64_t product, const Fn& fn) const {
+    if (threads < 2 || product < kMinParallelProduct || rows <= tile_rows) {
+      fn(int64_t(0), int64_t(0), rows);
+      return;
     }
-  });
-}
+    const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
+    const int64_t blocks = std::min(threads, tiles);
+    const int64_t block_rows = (tiles + blocks - 1) / blocks * tile_rows;
+    torch::stable::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t first = b * block_rows;
+        if (first < rows) fn(b, first, std::min(rows, first + block_rows));
+      }
+    });
+  }
+};
+
+RowBlocks row_blocks() { return {std::max<int64_t>(1, torch::stable::get_num_threads()), 8}; }
 
 // The bias in the math type, converted once per call.
 template <typename scalar_t, typename T = acc_t<scalar_t>>
@@ -152,6 +160,8 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
                   weights.stride(1), weights.stride(0), packed->panel);
   }
   const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
+  const RowBlocks blocks = row_blocks();
+  std::vector<const scalar_t*> row_pointers(n.batch);  // A's rows, by row
 
   for (int64_t k = 0; k < schedule.steps(); ++k) {
     const int64_t t = schedule.step(k);
@@ -176,10 +186,10 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
       }
     };
     if (packed != nullptr) {
-      for_row_blocks(size, size * S * 3 * S, 8, [&](int64_t first, int64_t end) {
-        std::vector<const scalar_t*> a_rows(end - first);
+      blocks.run(size, size * S * 3 * S, [&](int64_t, int64_t first, int64_t end) {
+        const scalar_t** a_rows = row_pointers.data() + first;
         for (int64_t r = first; r < end; ++r) a_rows[r - first] = h_prev(r);
-        packed->run(end - first, a_rows.data(), w_h_t->data.get(), S, 3 * S,
+        packed->run(end - first, a_rows, w_h_t->data.get(), S, 3 * S,
                     g + (start + first) * 3 * S, 3 * S, /*accumulate=*/true);
         pointwise(first, end);
       });
@@ -264,11 +274,31 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
 
 // --- Backward ------------------------------------------------------------------------
 
+// What one block of rows needs while a step runs, made once per call.
+template <typename scalar_t, typename T = acc_t<scalar_t>>
+struct BackwardWorkspace {
+  BackwardBuffers<T> buf;
+  std::vector<T> grad_h;            // one row: the gradient reaching h_t
+  std::vector<scalar_t> grad_cell;  // one row: the gradient of c_prev
+  std::vector<T> bias;              // d_gates summed over up to kFoldRows rows
+  std::vector<double> bias_total;   // ... and over every step
+  int64_t folded = 0;               // rows in `bias` not yet in bias_total
+
+  explicit BackwardWorkspace(int64_t state)
+      : grad_h(state), grad_cell(state), bias(3 * state), bias_total(3 * state) {}
+
+  void fold() {
+    for (size_t j = 0; j < bias.size(); ++j) bias_total[j] += bias[j];
+    std::fill(bias.begin(), bias.end(), T(0));
+    folded = 0;
+  }
+};
+
 template <typename scalar_t>
 void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                              const std::optional<Tensor>& grad_output, const Tensor& gates,
                              const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                             Tensor& grad_h, Tensor& grad_c) {
+                             Tensor& grad_h, Tensor& grad_c, scalar_t* grad_bias) {
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
   const SequenceRows<const scalar_t> g(gates, n), c1(cells, n);
@@ -285,57 +315,82 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                 weights.stride(1), packed->panel);
   }
   const Tensor w_h_view = column_block(weights, 0, S, false);
+  const RowBlocks blocks = row_blocks();
+  // One workspace per block, so with the library GEMM (one block per step)
+  // the pointwise pass runs in one block as well.
+  std::vector<BackwardWorkspace<scalar_t>> workspaces;
+  workspaces.reserve(blocks.threads);
+  for (int64_t b = 0; b < blocks.threads; ++b) workspaces.emplace_back(S);
+  std::vector<const scalar_t*> row_pointers(n.batch);
+
+  // d_gates of rows [first, end) of step t and the gradient of c_prev (into
+  // grad_c); their d_gates also join the workspace's grad_bias sums.
+  auto pointwise = [&](BackwardWorkspace<scalar_t>& ws, int64_t start, int64_t first,
+                       int64_t end) {
+    T* bias = ws.bias.data();
+    for (int64_t r = first; r < end; ++r) {
+      const int64_t row = start + r;
+      // The gradient reaching h_t: through output_t and through h_t's use by
+      // the step after (in grad_h).
+      for (int64_t j = 0; j < S; j += kSpan) {
+        const int64_t len = std::min(kSpan, S - j);
+        T* sum = ws.grad_h.data() + j;
+        const T* carried = load_span(dh + r * S + j, 1, len, ws.buf.grad_h);
+        std::copy(carried, carried + len, sum);
+        if (dy.has_value()) {
+          const RowRef<const scalar_t> y = dy->row(row);
+          const T* direct = load_span(y.at(j), y.stride, len, ws.buf.grad_cell);
+          for (int64_t q = 0; q < len; ++q) sum[q] += direct[q];
+        }
+      }
+      for (int64_t j = 0; j < S; j += kSpan) {
+        backward_span(ws.buf, RowRef<const T>{ws.grad_h.data(), 1},
+                      RowRef<const scalar_t>{dc + r * S, 1}, c1.row(row), g.row(row),
+                      dg + row * 3 * S, ws.grad_cell.data(), bias + j, bias + S + j,
+                      bias + 2 * S + j, S, j, std::min(kSpan, S - j));
+      }
+      std::copy(ws.grad_cell.begin(), ws.grad_cell.end(), dc + r * S);
+      if (++ws.folded == kFoldRows) ws.fold();
+    }
+  };
 
   for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
     const int64_t t = schedule.step(k);
     const int64_t size = schedule.sizes[t];
     const int64_t start = schedule.starts[t];
-    // d_gates of this step's rows and the gradient of c_prev (into grad_c).
-    auto pointwise = [&](int64_t first, int64_t end) {
-      BackwardBuffers<T> buf;
-      std::vector<T> grad_h_row(S);
-      std::vector<scalar_t> grad_c_row(S);
-      T sums[3 * kSpan] = {};  // unused: grad_bias is a column sum after the loop
-      for (int64_t r = first; r < end; ++r) {
-        const int64_t row = start + r;
-        // The gradient reaching h_t: through output_t and through h_t's use
-        // by the step after (already in grad_h).
-        for (int64_t j = 0; j < S; ++j) grad_h_row[j] = static_cast<T>(dh[r * S + j]);
-        if (dy.has_value()) {
-          const RowRef<const scalar_t> y = dy->row(row);
-          for (int64_t j = 0; j < S; ++j) grad_h_row[j] += static_cast<T>(*y.at(j));
-        }
-        for (int64_t j = 0; j < S; j += kSpan) {
-          const int64_t len = std::min(kSpan, S - j);
-          backward_span(buf, RowRef<const T>{grad_h_row.data(), 1},
-                        RowRef<const scalar_t>{dc + r * S, 1}, c1.row(row), g.row(row),
-                        dg + row * 3 * S, grad_c_row.data(), sums, sums + kSpan,
-                        sums + 2 * kSpan, S, j, len);
-        }
-        std::copy(grad_c_row.begin(), grad_c_row.end(), dc + r * S);
-      }
-    };
     if (packed != nullptr) {
-      for_row_blocks(size, size * 3 * S * S, 8, [&](int64_t first, int64_t end) {
-        pointwise(first, end);
-        std::vector<const scalar_t*> a_rows(end - first);
+      blocks.run(size, size * 3 * S * S, [&](int64_t block, int64_t first, int64_t end) {
+        pointwise(workspaces[block], start, first, end);
+        const scalar_t** a_rows = row_pointers.data() + first;
         for (int64_t r = first; r < end; ++r) a_rows[r - first] = dg + (start + r) * 3 * S;
-        packed->run(end - first, a_rows.data(), w_h->data.get(), 3 * S, S, dh + first * S, S,
+        packed->run(end - first, a_rows, w_h->data.get(), 3 * S, S, dh + first * S, S,
                     /*accumulate=*/false);
       });
       continue;
     }
-    if (worth_parallel(size * S)) {
-      const int64_t grain = std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(S, 1));
-      torch::stable::parallel_for(0, size, grain, pointwise);
-    } else {
-      pointwise(0, size);
-    }
+    pointwise(workspaces[0], start, 0, size);
     if (size > 0) {
       Tensor dh_rows = reshaped_view(grad_h, size, S, S, 1, 0);
       addmm_out(dh_rows, dh_rows, reshaped_view(d_gates, size, 3 * S, 3 * S, 1, start * 3 * S),
                 w_h_view, 0.0);
     }
+  }
+  if (grad_bias != nullptr) {
+    for (auto& ws : workspaces) ws.fold();
+    for (int64_t j = 0; j < 3 * S; ++j) {
+      double total = 0;
+      for (const auto& ws : workspaces) total += ws.bias_total[j];
+      grad_bias[j] = static_cast<scalar_t>(total);
+    }
+  }
+}
+
+template <typename S>
+void copy_row(RowRef<const S> from, int64_t n, S* to) {
+  if (from.stride == 1) {
+    std::copy(from.data, from.data + n, to);
+  } else {
+    for (int64_t j = 0; j < n; ++j) to[j] = *from.at(j);
   }
 }
 
@@ -356,35 +411,9 @@ void previous_state_and_input(const SequenceSizes& n, const Schedule& schedule,
       scalar_t* row = out + (schedule.starts[t] + r) * (S + F);
       const RowRef<const scalar_t> h =
           r < previous ? y.row(previous_start + r) : RowRef<const scalar_t>{h0.row(r), h0.col_stride};
-      for (int64_t j = 0; j < S; ++j) row[j] = *h.at(j);
-      const RowRef<const scalar_t> x_row = in.row(schedule.starts[t] + r);
-      for (int64_t j = 0; j < F; ++j) row[S + j] = *x_row.at(j);
+      copy_row(h, S, row);
+      copy_row(in.row(schedule.starts[t] + r), F, row + S);
     }
-  }
-}
-
-// grad_bias: the column sums of d_gates, in double, split by columns.
-template <typename scalar_t>
-void column_sums(const Tensor& d_gates, Tensor& sums) {
-  const int64_t rows = d_gates.size(0), cols = d_gates.size(1);
-  const scalar_t* d = static_cast<const scalar_t*>(d_gates.data_ptr());
-  scalar_t* out = static_cast<scalar_t*>(sums.data_ptr());
-  auto spans = [&](int64_t begin, int64_t end) {
-    for (int64_t span = begin; span < end; ++span) {
-      const int64_t j = span * kSpan, len = std::min(kSpan, cols - j);
-      double total[kSpan] = {};
-      for (int64_t r = 0; r < rows; ++r) {
-        const scalar_t* row = d + r * cols + j;
-        for (int64_t k = 0; k < len; ++k) total[k] += static_cast<double>(row[k]);
-      }
-      for (int64_t k = 0; k < len; ++k) out[j + k] = static_cast<scalar_t>(total[k]);
-    }
-  };
-  const int64_t num_spans = (cols + kSpan - 1) / kSpan;
-  if (worth_parallel(rows * cols)) {
-    torch::stable::parallel_for(0, num_spans, 1, spans);
-  } else {
-    spans(0, num_spans);
   }
 }
 
@@ -406,6 +435,8 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   Tensor grad_h = new_matrix(input, n.batch, S);
   Tensor grad_c = new_matrix(input, n.batch, S);
   Tensor d_gates = new_matrix(input, n.rows, 3 * S);
+  std::optional<Tensor> grad_bias;
+  if (want.bias) grad_bias = new_vector(weights, 3 * S);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cpu", AT_WRAP([&] {
                     for (auto [from, to] : {std::pair{&grad_h_n, &grad_h}, {&grad_c_n, &grad_c}}) {
                       scalar_t* d = static_cast<scalar_t*>(to->data_ptr());
@@ -415,13 +446,14 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                         copy_columns(*to, **from, 0);
                       }
                     }
-                    sequence_backward_steps<scalar_t>(n, schedule, grad_output, gates, cells,
-                                                      weights, d_gates, grad_h, grad_c);
+                    sequence_backward_steps<scalar_t>(
+                        n, schedule, grad_output, gates, cells, weights, d_gates, grad_h, grad_c,
+                        grad_bias ? static_cast<scalar_t*>(grad_bias->data_ptr()) : nullptr);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                   torch::headeronly::ScalarType::BFloat16);
 
-  std::optional<Tensor> grad_input, grad_weights, grad_bias;
+  std::optional<Tensor> grad_input, grad_weights;
   if (want.weights) {
     grad_weights = new_matrix(weights, 3 * S, S + n.features);
     Tensor x = new_matrix(input, n.rows, S + n.features);
@@ -431,14 +463,6 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                     AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                     torch::headeronly::ScalarType::BFloat16);
     addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
-  }
-  if (want.bias) {
-    grad_bias = new_vector(weights, 3 * S);
-    THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_grad_bias_cpu", AT_WRAP([&] {
-                      column_sums<scalar_t>(d_gates, *grad_bias);
-                    }),
-                    AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
-                    torch::headeronly::ScalarType::BFloat16);
   }
   if (want.input) {
     grad_input = new_sequence_tensor(input, n, n.features);
