@@ -415,8 +415,9 @@ def sdist(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def recipe(session: nox.Session) -> None:
-    """Renders the conda recipe for every platform and variant and checks the matrix."""
-    session.install("py-rattler-build==0.73.0")
+    """Renders the conda recipe for every platform and variant, checks the matrix,
+    and replays each job of .github/workflows/conda.yml (packaging/check_recipe.py)."""
+    session.install("py-rattler-build==0.73.0", "pyyaml>=6")
     session.run("python", "packaging/check_recipe.py")
 
 
