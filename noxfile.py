@@ -417,7 +417,7 @@ def sdist(session: nox.Session) -> None:
 def recipe(session: nox.Session) -> None:
     """Renders the conda recipe for every platform and variant, checks the matrix,
     and replays each job of .github/workflows/conda.yml (packaging/check_recipe.py)."""
-    session.install("py-rattler-build==0.73.0", "pyyaml>=6")
+    session.install("py-rattler-build==0.73.0", "py-rattler==0.28.0", "pyyaml>=6")
     session.run("python", "packaging/check_recipe.py")
 
 

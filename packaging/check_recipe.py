@@ -12,7 +12,9 @@ each job's "Select the variant" step writes a variant file that narrows the
 matrix to its share. Every job of conda.yml is replayed here: that step's
 script runs with the job's matrix values, and the recipe is rendered with the
 variant files of the job's build-args, which must give exactly the job's
-share of the full matrix.
+share of the full matrix. The environment the step leaves for rattler-build
+must make a GPU-less runner offer the __cuda virtual package to the CUDA jobs
+(a CUDA build of pytorch depends on it) and leave the CPU jobs alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 import gha
+from rattler import VirtualPackage, VirtualPackageOverrides
 from rattler_build import JinjaConfig, RenderConfig, Stage0Recipe, VariantConfig
 from rattler_build.tool_config import PlatformConfig
 
@@ -184,6 +187,25 @@ def replay_job_setup(job: dict, matrix: dict[str, str], env: dict[str, str], cwd
     return dict(line.split("=", 1) for line in lines if line)
 
 
+def virtual_cuda(env: dict[str, str]) -> str | None:
+    """The version of __cuda that rattler offers the solver with ``env`` set
+    (rattler-build detects virtual packages with the same overrides from the
+    environment, CONDA_OVERRIDE_CUDA among them); None when there is none."""
+    saved = dict(os.environ)
+    os.environ.pop("CONDA_OVERRIDE_CUDA", None)
+    os.environ.update(env)
+    try:
+        detected = VirtualPackage.detect(VirtualPackageOverrides.from_env())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    for package in detected:
+        name, version, _ = str(package.into_generic()).split("=")
+        if name == "__cuda":
+            return version
+    return None
+
+
 def check_conda_workflow(full: dict[str, dict[str, set[str]]]) -> None:
     """Each job of conda.yml builds exactly its share of the full matrix."""
     workflow = gha.load("conda.yml")
@@ -199,14 +221,25 @@ def check_conda_workflow(full: dict[str, dict[str, set[str]]]) -> None:
         variant_files = [args[i + 1] for i, a in enumerate(args) if a == "--variant-config"]
         assert variant_files[0] == "recipe/variants.yaml", (where, variant_files)
         with tempfile.TemporaryDirectory() as tmp:
-            replay_job_setup(job, matrix, env, Path(tmp))
+            github_env = replay_job_setup(job, matrix, env, Path(tmp))
             # The step writes its files into the checkout, next to recipe/.
             paths = [ROOT / f if f.startswith("recipe/") else Path(tmp) / f for f in variant_files]
             selected = render(platform, paths)
         strings = {r.recipe.build.string for r in selected}
         assert strings == full[platform][cuda], (where, sorted(strings), full[platform][cuda])
+        # __cuda: the CUDA jobs must declare it (no GPU on the runners), at the
+        # job's CUDA version (cuda-version X.Y constrains __cuda >= X).
+        override = github_env.get("CONDA_OVERRIDE_CUDA")
+        if cuda == "None":
+            assert override is None, f"{where}: CONDA_OVERRIDE_CUDA={override} on a CPU job"
+            vcuda = "no __cuda declared"
+        else:
+            assert override == cuda, f"{where}: CONDA_OVERRIDE_CUDA is {override!r}, not {cuda}"
+            detected = virtual_cuda({**env, **github_env})
+            assert detected == cuda, f"{where}: __cuda is {detected!r} with the job's environment"
+            vcuda = f"__cuda={detected}"
         seen.add((platform, cuda))
-        print(f"{where}: builds {len(strings)} variants, its share of the matrix")
+        print(f"{where}: builds {len(strings)} variants, its share of the matrix; {vcuda}")
     expected = {(p, c) for p, cudas in PROCESSORS.items() for c in cudas}
     assert seen == expected, f"conda.yml jobs {sorted(seen)} != {sorted(expected)}"
 
