@@ -417,6 +417,8 @@ def sdist(session: nox.Session) -> None:
 def recipe(session: nox.Session) -> None:
     """Renders the conda recipe for every platform and variant, checks the matrix,
     and replays each job of .github/workflows/conda.yml (packaging/check_recipe.py)."""
+    # py-rattler-build X.Y.Z renders as rattler-build X.Y.Z, the version
+    # conda.yml pins (check_recipe.py compares them).
     session.install("py-rattler-build==0.73.0", "py-rattler==0.28.0", "pyyaml>=6")
     session.run("python", "packaging/check_recipe.py")
 

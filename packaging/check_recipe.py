@@ -30,7 +30,13 @@ from pathlib import Path
 
 import gha
 from rattler import VirtualPackage, VirtualPackageOverrides
-from rattler_build import JinjaConfig, RenderConfig, Stage0Recipe, VariantConfig
+from rattler_build import (
+    JinjaConfig,
+    RenderConfig,
+    Stage0Recipe,
+    VariantConfig,
+    rattler_build_version,
+)
 from rattler_build.tool_config import PlatformConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,6 +217,16 @@ def check_conda_workflow(full: dict[str, dict[str, set[str]]]) -> None:
     workflow = gha.load("conda.yml")
     jobs = list(gha.runs(workflow))
     assert jobs, "conda.yml has no jobs"
+    # The CLI the jobs run is the one rendered with here: py-rattler-build
+    # embeds rattler-build (rattler_build_version() is that crate's version).
+    for job_id, job, matrix, env in jobs:
+        (build,) = [s for s in job["steps"] if gha.action(s) == "prefix-dev/rattler-build-action"]
+        pinned = gha.resolve(build["with"].get("rattler-build-version", "latest"), matrix, env)
+        assert pinned == f"v{rattler_build_version()}", (
+            f"conda.yml {job_id} runs rattler-build {pinned}; "
+            f"this check renders with {rattler_build_version()}"
+        )
+    print(f"conda.yml: rattler-build v{rattler_build_version()}, as rendered here")
     seen = set()
     for job_id, job, matrix, env in jobs:
         platform, cuda = matrix["target"], matrix["cuda"]
