@@ -6,7 +6,10 @@ rest of the repository:
 
 * every job that runs nox installs the Python of each session it selects
   (the sessions and their Pythons are asked of noxfile.py itself, with the
-  job's environment: nox on CI fails a session whose Python is missing).
+  job's environment: nox on CI fails a session whose Python is missing);
+* the pull-request path filters of wheels.yml and conda.yml select every
+  file their builds and tests read, so that a change that breaks a platform
+  build shows on the pull request rather than after the merge.
 """
 
 from __future__ import annotations
@@ -20,8 +23,13 @@ import subprocess
 import sys
 
 import gha
+import yaml
 
 ROOT = gha.ROOT
+# What every build compiles or reads: the package sources and the build script.
+# README.md also feeds setup.py (the long description), but its text cannot
+# break a build; documentation-only changes do not rebuild every platform.
+BUILD_INPUTS = ["csrc", "src", "setup.py", "pyproject.toml"]
 # A nox command at the start of a shell command: `nox ...` or `python -m nox ...`.
 NOX_COMMAND = re.compile(r"(?:^|[;&|]\s*)(?:python3?\s+-m\s+)?nox\s+([^;&|\n]*)", re.MULTILINE)
 
@@ -66,6 +74,89 @@ def check_nox_pythons(nox: list[str]) -> None:
                     print(f"{where}: nox {' '.join(args)}: Python {', '.join(pythons)} installed")
 
 
+def tracked_files() -> list[str]:
+    """The repository's files (git ls-files; the file tree outside a checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        return out.split()
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".nox", "build", "dist", "wheelhouse", "__pycache__"}
+        return [
+            p.relative_to(ROOT).as_posix()
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+        ]
+
+
+def expand(entries: list[str], files: list[str]) -> set[str]:
+    """Entries (files or directories, relative to the root) as the files they hold."""
+    out = set()
+    for entry in entries:
+        entry = entry.rstrip("/")
+        matched = [f for f in files if f == entry or f.startswith(entry + "/")]
+        assert matched, f"{entry} names no file of the repository"
+        out.update(matched)
+    return out
+
+
+def cibuildwheel_inputs(config: str, files: list[str]) -> list[str]:
+    """The files a cibuildwheel configuration makes the build read: itself, its
+    test-sources, and the repository's files its commands name ({project}/...;
+    others, such as {project}/dist/*.whl, are made during the run)."""
+    import tomllib
+
+    with open(ROOT / config, "rb") as f:
+        options = tomllib.load(f)["tool"]["cibuildwheel"]
+    inputs = [config, *options.get("test-sources", [])]
+    sections = [options, *(options.get(p, {}) for p in ("linux", "macos", "windows"))]
+    for section in sections:
+        for value in section.values():
+            commands = value if isinstance(value, list) else [value]
+            for command in commands:
+                if isinstance(command, str):
+                    named = re.findall(r"\{(?:project|package)\}/([\w./-]+)", command)
+                    inputs += [path for path in named if path in files]
+    return inputs
+
+
+def recipe_inputs() -> list[str]:
+    """The recipe, and the source files its tests and metadata use (source: ..)."""
+    with open(ROOT / "recipe" / "recipe.yaml", encoding="utf-8") as f:
+        recipe = yaml.safe_load(f)
+    assert recipe["source"] == {"path": ".."}, recipe["source"]
+    inputs = ["recipe", recipe["about"]["license_file"]]
+    for test in recipe.get("tests", []):
+        inputs += test.get("files", {}).get("source", [])
+    return inputs
+
+
+def check_path_filters() -> None:
+    files = tracked_files()
+    wheel_configs = ["pyproject.toml", "packaging/cibuildwheel-cuda.toml"]
+    needs = {
+        # cibuildwheel (both configurations) and the sdist job (MANIFEST.in).
+        "wheels.yml": [
+            *BUILD_INPUTS,
+            "MANIFEST.in",
+            *(i for c in wheel_configs for i in cibuildwheel_inputs(c, files)),
+        ],
+        # rattler-build on the source tree.
+        "conda.yml": [*BUILD_INPUTS, *recipe_inputs()],
+    }
+    for name, inputs in needs.items():
+        workflow = gha.load(name)
+        patterns = workflow["on"]["pull_request"]["paths"]
+        wanted = expand([*inputs, f".github/workflows/{name}"], files)
+        missed = sorted(f for f in wanted if not gha.path_filter_matches(patterns, f))
+        assert not missed, (
+            f"{name}: pull requests that change these files do not run it: {missed}; "
+            f"add them to on.pull_request.paths"
+        )
+        print(f"{name}: the pull-request paths cover all {len(wanted)} files its jobs read")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -75,6 +166,7 @@ def main() -> int:
     )
     options = parser.parse_args()
     check_nox_pythons([options.nox_python, "-m", "nox"])
+    check_path_filters()
     return 0
 
 
