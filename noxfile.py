@@ -325,6 +325,11 @@ def cibuildwheel(session: nox.Session) -> None:
         assert out.split() == [identifier], (args, out)
         session.log(f"{config} {platform} {archs or ''}: {identifier}")
 
+    # Runner disk: the CUDA build installs two CUDA builds of torch in its
+    # container; pip's cache there would hold another copy of each.
+    cuda_environment = _cibw_options(CIBW_CUDA_CONFIG)["environment"]
+    assert cuda_environment.get("PIP_NO_CACHE_DIR") == "1", cuda_environment
+
     wheelhouse = Path(session.create_tmp()) / "wheelhouse"
     shutil.rmtree(wheelhouse, ignore_errors=True)
     repaired: dict[str, Path] = {}

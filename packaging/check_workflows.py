@@ -13,7 +13,8 @@ rest of the repository:
 * each CUDA wheel of wheels.yml is compiled by a toolkit and against a torch
   of its CUDA major, for setup.py's GPU list, and tested with the CUDA build
   of the newest torch for that major, through variables that
-  packaging/cibuildwheel-cuda.toml passes into the container and uses.
+  packaging/cibuildwheel-cuda.toml passes into the container and uses; the
+  job frees the runner's disk before cibuildwheel fills it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ NEWEST_TORCH_INDEX = {
     12: "https://download.pytorch.org/whl/cu126",
     13: "https://download.pytorch.org/whl/cu130",
 }
+# Preinstalled directories of the runner images that the CUDA wheel jobs
+# remove to make room for the build container (several GB each).
+UNUSED_ON_RUNNER = ["/usr/share/dotnet", "/usr/local/lib/android", "/opt/ghc"]
 # What every build compiles or reads: the package sources and the build script.
 # README.md also feeds setup.py (the long description), but its text cannot
 # break a build; documentation-only changes do not rebuild every platform.
@@ -212,6 +216,10 @@ def check_cuda_wheels() -> None:
         (step,) = steps
         values = gha.step_env(step, matrix, env)
         where = f"wheels.yml {job_id} (lltm-cuda{matrix['major']})"
+        before = job["steps"][: job["steps"].index(step)]
+        freeing = " ".join(s.get("run", "") for s in before if "rm -rf" in s.get("run", ""))
+        kept = [d for d in UNUSED_ON_RUNNER if d not in freeing]
+        assert not kept, f"{where}: no step before cibuildwheel removes {kept}"
         major = int(matrix["major"])
         majors.add(major)
         assert int(values["LLTM_CUDA_VERSION"].split(".")[0]) == major, (where, values)
