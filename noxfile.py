@@ -239,6 +239,42 @@ def _wheel_metadata(wheel: Path) -> str:
         return archive.read(name).decode()
 
 
+# Platforms as environment markers see them: lltm-cuda<major> exists for the
+# first only, so lltm's CUDA extras must require it there and nowhere else.
+CUDA_WHEEL_PLATFORMS = {
+    ("linux", "x86_64"): True,
+    ("linux", "aarch64"): False,
+    ("darwin", "arm64"): False,
+    ("win32", "AMD64"): False,
+}
+
+
+def _check_cuda_extras(metadata: str) -> None:
+    """lltm[cuda], [cuda12] and [cuda13] require lltm-cuda<major> of the same
+    version on Linux x86_64, and add nothing elsewhere."""
+    from packaging.requirements import Requirement
+
+    requires = [
+        Requirement(line.split(":", 1)[1].strip())
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    for extra, plugin in (
+        ("cuda", "lltm-cuda13"),
+        ("cuda12", "lltm-cuda12"),
+        ("cuda13", "lltm-cuda13"),
+    ):
+        assert f"Provides-Extra: {extra}" in metadata, metadata
+        for (system, machine), wanted in CUDA_WHEEL_PLATFORMS.items():
+            env = {"extra": extra, "sys_platform": system, "platform_machine": machine}
+            required = [r for r in requires if r.marker is None or r.marker.evaluate(env)]
+            plugins = [r for r in required if r.name.startswith("lltm-cuda")]
+            expected = [f"{plugin}=={VERSION}"] if wanted else []
+            assert [f"{r.name}{r.specifier}" for r in plugins] == expected, (
+                f"lltm[{extra}] on {system} {machine}: requires {plugins}, expected {expected}"
+            )
+
+
 def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
     """Name, tags and contents of a repaired wheel."""
     from packaging.utils import parse_wheel_filename
@@ -257,8 +293,7 @@ def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
         assert "lltm/_C.abi3.so" in members and "lltm/py.typed" in members, members
         assert not [m for m in members if m.startswith("lltm_cuda")], members
         assert "Requires-Dist: torch>=2.10" in metadata, metadata
-        for extra in ("cuda", "cuda12", "cuda13"):
-            assert f"Provides-Extra: {extra}" in metadata, metadata
+        _check_cuda_extras(metadata)
     else:
         assert re.fullmatch(r"lltm-cuda1[23]", name), wheel.name
         package = name.replace("-", "_")

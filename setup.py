@@ -53,6 +53,10 @@ BUILD_OPTIONS = {
     # One build tree per variant: a wheel never picks up the other's files.
     "build": {"build_base": f"build/{VARIANT}"},
 }
+# Where lltm-cuda12/lltm-cuda13 exist: they are built for Linux x86_64 only.
+# Elsewhere the CUDA extras add nothing to lltm, rather than asking pip for a
+# distribution that has no wheel or sdist there.
+CUDA_PLATFORM = "sys_platform == 'linux' and platform_machine == 'x86_64'"
 CLASSIFIERS = [
     "Programming Language :: Python :: 3",
     "Programming Language :: C++",
@@ -82,9 +86,9 @@ def cpu_variant() -> dict:
         ext_modules=[ext],
         install_requires=["torch>=2.10"],
         extras_require={
-            "cuda": [f"lltm-cuda13=={VERSION}"],
-            "cuda12": [f"lltm-cuda12=={VERSION}"],
-            "cuda13": [f"lltm-cuda13=={VERSION}"],
+            "cuda": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
+            "cuda12": [f"lltm-cuda12=={VERSION}; {CUDA_PLATFORM}"],
+            "cuda13": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
             "bench": ["rich>=13", "matplotlib>=3.7"],
         },
         entry_points={"console_scripts": ["lltm=lltm.__main__:main"]},
