@@ -360,6 +360,12 @@ def cibuildwheel(session: nox.Session) -> None:
         assert out.split() == [identifier], (args, out)
         session.log(f"{config} {platform} {archs or ''}: {identifier}")
 
+    # setup.py's C++ flags for each compiler, MSVC (the Windows wheel) included.
+    session.install(
+        f"torch=={BUILD_TORCH}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
+    )
+    session.run("python", "packaging/check_build_flags.py")
+
     # Runner disk: the CUDA build installs two CUDA builds of torch in its
     # container; pip's cache there would hold another copy of each.
     cuda_environment = _cibw_options(CIBW_CUDA_CONFIG)["environment"]

@@ -47,7 +47,17 @@ MACROS = [
     ("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION),
     ("Py_LIMITED_API", PY_LIMITED_API),
 ]
-CXX_FLAGS = ["-O3", "-std=c++17", "-fdiagnostics-color=always"]
+# C++ flags per compiler family: torch.utils.cpp_extension passes
+# extra_compile_args["cxx"] to whichever compiler builds the extension, and
+# MSVC ignores GCC's spellings (warning D9002). The standard is always given:
+# torch's default differs between releases (C++20 from 2.13 on).
+CXX_FLAGS = {
+    # GCC and Clang (Linux, macOS).
+    "unix": ["-O3", "-std=c++17", "-fdiagnostics-color=always"],
+    # MSVC (Windows): /O2 is its optimisation for speed (setuptools passes it
+    # too); with /std: given, torch adds no /std:c++20 of its own.
+    "msvc": ["/O2", "/std:c++17"],
+}
 BUILD_OPTIONS = {
     "bdist_wheel": {"py_limited_api": "cp310"},
     # One build tree per variant: a wheel never picks up the other's files.
@@ -65,6 +75,20 @@ CLASSIFIERS = [
 ]
 
 
+class BuildExtension(cpp_extension.BuildExtension):
+    """torch's BuildExtension, adding the C++ flags of the compiler in use,
+    which is only known once the build runs."""
+
+    def build_extensions(self) -> None:
+        family = "msvc" if self.compiler.compiler_type == "msvc" else "unix"
+        for ext in self.extensions:
+            args = ext.extra_compile_args
+            args = dict(args) if isinstance(args, dict) else {"cxx": list(args)}
+            args["cxx"] = [*CXX_FLAGS[family], *args.get("cxx", [])]
+            ext.extra_compile_args = args
+        super().build_extensions()
+
+
 def readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -74,7 +98,6 @@ def cpu_variant() -> dict:
         "lltm._C",
         sources=["csrc/lltm_ops.cpp", "csrc/cpu/lltm_cpu.cpp", "csrc/cpu/module.cpp"],
         define_macros=MACROS,
-        extra_compile_args={"cxx": CXX_FLAGS},
         py_limited_api=True,
     )
     return dict(
@@ -137,7 +160,6 @@ def cuda_variant() -> dict:
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).
         define_macros=[*MACROS, ("USE_CUDA", None), ("LLTM_VERSION", VERSION)],
         extra_compile_args={
-            "cxx": CXX_FLAGS,
             # No --use_fast_math: the float64 path must stay IEEE double.
             "nvcc": ["-O3", "-std=c++17", "-lineinfo"],
         },
@@ -171,7 +193,7 @@ setup(
     url="https://github.com/lltm/lltm",
     python_requires=">=3.10",
     classifiers=CLASSIFIERS,
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildExtension},
     options=BUILD_OPTIONS,
     zip_safe=False,
     **VARIANTS[VARIANT](),
