@@ -122,6 +122,10 @@ def check_variant(
         tests,
     )
     assert any("python test_lltm.py" in t.get("script", []) for t in tests), (where, tests)
+    # The `lltm` command: pip installs it from setup.py's console_scripts; a
+    # recipe entry point would write the same script a second time.
+    assert not recipe["build"].get("python", {}).get("entry_points"), (where, recipe["build"])
+    assert any("lltm info" in t.get("script", []) for t in tests), (where, tests)
 
     # The sysroot's glibc is what the package claims to need (its run_exports).
     major = None if cuda == "None" else int(cuda.split(".")[0])
