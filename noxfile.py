@@ -220,6 +220,7 @@ def _run_test_command(
     cwd.mkdir()
     for item in options.get("test-sources", []):
         source = sources / item
+        (cwd / item).parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, cwd / item, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -426,10 +427,17 @@ def sdist(session: nox.Session) -> None:
         for p in (ROOT / "csrc").rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
-    required = csrc | {
+    # The wheels' test sources too: the test command runs from the sdist below,
+    # and a conda-forge feedstock tests its package with them.
+    test_sources = {
+        p.relative_to(ROOT).as_posix()
+        for config in (ROOT / "pyproject.toml", CIBW_CUDA_CONFIG)
+        for item in _cibw_options(config).get("test-sources", [])
+        for p in ([ROOT / item] if (ROOT / item).is_file() else (ROOT / item).rglob("*.py"))
+    }
+    required = csrc | test_sources | {
         "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
         "src/lltm/__init__.py", "src/lltm/py.typed", "src/lltm_cuda/__init__.py",
-        "tests/test_smoke.py",
     }  # fmt: skip
     missing = sorted(required - members)
     assert not missing, f"the sdist lacks {missing}"

@@ -126,6 +126,12 @@ def check_variant(
     # recipe entry point would write the same script a second time.
     assert not recipe["build"].get("python", {}).get("entry_points"), (where, recipe["build"])
     assert any("lltm info" in t.get("script", []) for t in tests), (where, tests)
+    # Compiled kernels for every operator (packaging/check_ops.py and its list
+    # OPS): CPU in every flavour, CUDA too in the CUDA flavours.
+    ops_check = "python packaging/check_ops.py " + ("cpu" if cuda == "None" else "cpu cuda")
+    (ops_test,) = [t for t in tests if ops_check in t.get("script", [])] or [None]
+    assert ops_test, f"{where}: no test runs `{ops_check}`: {tests}"
+    assert "packaging/check_ops.py" in ops_test["files"]["source"], (where, ops_test)
 
     # The sysroot's glibc is what the package claims to need (its run_exports).
     major = None if cuda == "None" else int(cuda.split(".")[0])
