@@ -159,9 +159,9 @@ def wheel(session: nox.Session) -> None:
         _dist_wheel(session, f"lltm-{VERSION}-*.whl"),
         _dist_wheel(session, f"lltm_cuda*-{VERSION}-*.whl"),
     ]
-    _, env = _fresh_env(session, "wheel-venv")
+    python, env = _fresh_env(session, "wheel-venv")
     session.run(
-        "python", "-m", "pip", "install", "--quiet", f"torch=={CUDA_TORCH}",
+        python, "-m", "pip", "install", "--quiet", f"torch=={CUDA_TORCH}",
         *map(str, wheels), *_group("test"), env=env, external=True,
     )  # fmt: skip
     _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, ROOT)
@@ -198,17 +198,23 @@ def _command(value: str | list[str]) -> str:
     return value if isinstance(value, str) else " && ".join(value)
 
 
-def _fresh_env(session: nox.Session, name: str) -> tuple[Path, dict[str, str]]:
-    """A new virtual environment, as cibuildwheel creates for its test step."""
-    venv = Path(session.create_tmp()) / name
+def _fresh_env(session: nox.Session, name: str) -> tuple[str, dict[str, str]]:
+    """A new virtual environment, as cibuildwheel creates for its test step:
+    its interpreter, and the environment variables that activate it.
+
+    Commands meant for it name its interpreter: nox finds a bare "python"
+    in the session's own environment first, whatever PATH says."""
+    # Absolute: the test command runs from another directory.
+    venv = Path(session.create_tmp()).resolve() / name
     shutil.rmtree(venv, ignore_errors=True)
     session.run("python", "-m", "venv", str(venv))
     bindir = venv / ("Scripts" if sys.platform == "win32" else "bin")
     env = {"VIRTUAL_ENV": str(venv), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    python = str(bindir / "python")
     session.run(
-        "python", "-m", "pip", "install", "--quiet", "--upgrade", "pip", env=env, external=True
+        python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", env=env, external=True
     )
-    return venv, env
+    return python, env
 
 
 def _run_test_command(
@@ -225,8 +231,12 @@ def _run_test_command(
             shutil.copytree(source, cwd / item, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, cwd / item)
+    # nox puts the session's environment first on PATH: the fresh one of
+    # ``env`` goes before it again, so that the command's python is that one.
+    bindir = Path(env["PATH"].split(os.pathsep)[0])
+    script = f'PATH="{bindir}{os.pathsep}$PATH"; {_command(options["test-command"])}'
     with session.chdir(cwd):
-        session.run("bash", "-c", _command(options["test-command"]), env=env, external=True)
+        session.run("bash", "-c", script, env=env, external=True)
 
 
 def _wheel_members(wheel: Path) -> list[str]:
@@ -392,8 +402,8 @@ def cibuildwheel(session: nox.Session) -> None:
     # The test step in a fresh environment: the newest torch at hand (the CUDA
     # build, LLTM_CUDA_TORCH), lltm, the test group, then test-command; then the
     # CUDA wheel on top and the CUDA configuration's test-command.
-    _, env = _fresh_env(session, "test-venv")
-    pip = ["python", "-m", "pip", "install", "--quiet"]
+    python, env = _fresh_env(session, "test-venv")
+    pip = [python, "-m", "pip", "install", "--quiet"]
     session.run(*pip, f"torch=={CUDA_TORCH}", env=env, external=True)
     for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
         options = _cibw_options(config_file)
@@ -455,9 +465,9 @@ def sdist(session: nox.Session) -> None:
     )  # fmt: skip
     (wheel,) = wheels.glob("lltm-*.whl")
     # ... passes the smoke tests, from the sdist's own tests/, in a fresh environment.
-    _, env = _fresh_env(session, "sdist-venv")
+    python, env = _fresh_env(session, "sdist-venv")
     session.run(
-        "python", "-m", "pip", "install", "--quiet", f"torch=={BUILD_TORCH}", str(wheel),
+        python, "-m", "pip", "install", "--quiet", f"torch=={BUILD_TORCH}", str(wheel),
         *_group("test"), env=env, external=True,
     )  # fmt: skip
     unpacked = Path(session.create_tmp()) / "unpacked"
