@@ -59,11 +59,12 @@ NOX_COMMAND = re.compile(r"(?:^|[;&|]\s*)(?:python3?\s+-m\s+)?nox\s+([^;&|\n]*)"
 def nox_sessions(nox: list[str], args: list[str], env: dict[str, str]) -> list[dict]:
     """The sessions ``nox <args>`` would run with ``env`` set, from noxfile.py."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LLTM_", "NOX"))}
-    out = subprocess.run(
+    result = subprocess.run(
         [*nox, "--list", "--json", *args],
-        cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return json.loads(out)
+        cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"nox {' '.join(args)} --list: {result.stderr}"
+    return json.loads(result.stdout)
 
 
 def check_nox_pythons(nox: list[str]) -> None:
