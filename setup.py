@@ -47,18 +47,46 @@ MACROS = [
     ("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION),
     ("Py_LIMITED_API", PY_LIMITED_API),
 ]
-CXX_FLAGS = ["-O3", "-std=c++17", "-fdiagnostics-color=always"]
+# C++ flags per compiler family: torch.utils.cpp_extension passes
+# extra_compile_args["cxx"] to whichever compiler builds the extension, and
+# MSVC ignores GCC's spellings (warning D9002). The standard is always given:
+# torch's default differs between releases (C++20 from 2.13 on).
+CXX_FLAGS = {
+    # GCC and Clang (Linux, macOS).
+    "unix": ["-O3", "-std=c++17", "-fdiagnostics-color=always"],
+    # MSVC (Windows): /O2 is its optimisation for speed (setuptools passes it
+    # too); with /std: given, torch adds no /std:c++20 of its own.
+    "msvc": ["/O2", "/std:c++17"],
+}
 BUILD_OPTIONS = {
     "bdist_wheel": {"py_limited_api": "cp310"},
     # One build tree per variant: a wheel never picks up the other's files.
     "build": {"build_base": f"build/{VARIANT}"},
 }
+# Where lltm-cuda12/lltm-cuda13 exist: they are built for Linux x86_64 only.
+# Elsewhere the CUDA extras add nothing to lltm, rather than asking pip for a
+# distribution that has no wheel or sdist there.
+CUDA_PLATFORM = "sys_platform == 'linux' and platform_machine == 'x86_64'"
 CLASSIFIERS = [
     "Programming Language :: Python :: 3",
     "Programming Language :: C++",
     "Intended Audience :: Science/Research",
     "Topic :: Scientific/Engineering :: Artificial Intelligence",
 ]
+
+
+class BuildExtension(cpp_extension.BuildExtension):
+    """torch's BuildExtension, adding the C++ flags of the compiler in use,
+    which is only known once the build runs."""
+
+    def build_extensions(self) -> None:
+        family = "msvc" if self.compiler.compiler_type == "msvc" else "unix"
+        for ext in self.extensions:
+            args = ext.extra_compile_args
+            args = dict(args) if isinstance(args, dict) else {"cxx": list(args)}
+            args["cxx"] = [*CXX_FLAGS[family], *args.get("cxx", [])]
+            ext.extra_compile_args = args
+        super().build_extensions()
 
 
 def readme() -> str:
@@ -75,7 +103,6 @@ def cpu_variant() -> dict:
             "csrc/cpu/module.cpp",
         ],
         define_macros=MACROS,
-        extra_compile_args={"cxx": CXX_FLAGS},
         py_limited_api=True,
     )
     return dict(
@@ -87,9 +114,9 @@ def cpu_variant() -> dict:
         ext_modules=[ext],
         install_requires=["torch>=2.10"],
         extras_require={
-            "cuda": [f"lltm-cuda13=={VERSION}"],
-            "cuda12": [f"lltm-cuda12=={VERSION}"],
-            "cuda13": [f"lltm-cuda13=={VERSION}"],
+            "cuda": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
+            "cuda12": [f"lltm-cuda12=={VERSION}; {CUDA_PLATFORM}"],
+            "cuda13": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
             "bench": ["rich>=13", "matplotlib>=3.7"],
         },
         entry_points={"console_scripts": ["lltm=lltm.__main__:main"]},
@@ -138,7 +165,6 @@ def cuda_variant() -> dict:
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).
         define_macros=[*MACROS, ("USE_CUDA", None), ("LLTM_VERSION", VERSION)],
         extra_compile_args={
-            "cxx": CXX_FLAGS,
             # No --use_fast_math: the float64 path must stay IEEE double.
             "nvcc": ["-O3", "-std=c++17", "-lineinfo"],
         },
@@ -172,7 +198,7 @@ setup(
     url="https://github.com/lltm/lltm",
     python_requires=">=3.10",
     classifiers=CLASSIFIERS,
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildExtension},
     options=BUILD_OPTIONS,
     zip_safe=False,
     **VARIANTS[VARIANT](),

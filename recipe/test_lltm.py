@@ -1,12 +1,13 @@
 """Test of the installed conda package: the operator runs in every flavour and
-matches the pure-PyTorch reference; the CUDA flavour's kernels load."""
+matches the pure-PyTorch reference (packaging/check_ops.py, run before, checks
+that each flavour's compiled kernels are registered)."""
 
 from __future__ import annotations
 
 import torch
 
 import lltm
-from lltm import _backends, reference
+from lltm import reference
 
 
 def check(device: str) -> None:
@@ -20,12 +21,7 @@ def check(device: str) -> None:
     print(f"lltm {lltm.__version__}: {device} output and gradients match the reference")
 
 
-assert _backends.has_native_kernel("cpu"), "lltm's CPU kernels are not registered"
 check("cpu")
-
-if torch.version.cuda is not None:
-    # The CUDA flavour (it alone installs with a CUDA build of pytorch): the
-    # plugin for pytorch's CUDA major must load, with or without a GPU.
-    assert _backends.PLUGIN.loaded, _backends.PLUGIN.reason
-    if torch.cuda.is_available():
-        check("cuda")
+# The CUDA flavour (it alone installs with a CUDA build of pytorch), on a GPU.
+if torch.version.cuda is not None and torch.cuda.is_available():
+    check("cuda")
