@@ -161,7 +161,11 @@ def cuda_variant() -> dict:
     package = f"lltm_cuda{major}"
     ext = cpp_extension.CUDAExtension(
         f"{package}._C",
-        sources=["csrc/cuda/lltm_cuda.cu", "csrc/cuda/module.cpp"],
+        sources=[
+            "csrc/cuda/lltm_cuda.cu",
+            "csrc/cuda/lltm_cuda_sequence.cu",
+            "csrc/cuda/module.cpp",
+        ],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).
         define_macros=[*MACROS, ("USE_CUDA", None), ("LLTM_VERSION", VERSION)],
         extra_compile_args={

@@ -1,7 +1,7 @@
 """lltm's operators, and a check that an installed lltm serves each with its kernels.
 
 OPS is the list of the operators lltm defines. A new operator is one line here
-(e.g. "lltm::sequence_forward"), and from then on every packaged build must
+(e.g. "lltm::my_new_op"), and from then on every packaged build must
 register compiled kernels for it:
 
 * the wheels' test commands (pyproject.toml, packaging/cibuildwheel-cuda.toml,
@@ -27,6 +27,8 @@ import sys
 OPS = (
     "lltm::forward",
     "lltm::backward",
+    "lltm::sequence_forward",
+    "lltm::sequence_backward",
 )
 DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 

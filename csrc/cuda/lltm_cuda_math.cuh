@@ -60,7 +60,22 @@ __device__ __forceinline__ void forward_element(
   new_h = tanh_of(c) * o;
 }
 
-// Gradients for one column j of one row; see backward_row on the CPU side.
+// Gradients of one element, in the math type T: from the gradients reaching
+// new_h and new_cell, new_cell itself and the activated gates.
+// new_h = tanh(new_cell) * o; new_cell = old_cell + g * i.
+template <typename T>
+__device__ __forceinline__ void backward_math(T grad_h, T grad_cell, T new_cell, T i, T o, T g,
+                                              T& d_input_gate, T& d_output_gate,
+                                              T& d_candidate, T& grad_old_cell) {
+  const T t = tanh_of(new_cell);
+  const T d_cell = grad_h * o * (T(1) - t * t) + grad_cell;
+  d_input_gate = d_cell * g * i * (T(1) - i);
+  d_output_gate = grad_h * t * o * (T(1) - o);
+  d_candidate = d_cell * i * elu_grad_from_output(g);
+  grad_old_cell = d_cell;
+}
+
+// Gradients for one column j of one row, in the storage type.
 template <typename scalar_t>
 __device__ __forceinline__ void backward_element(
     scalar_t grad_h, scalar_t grad_cell, scalar_t new_cell,
@@ -68,17 +83,13 @@ __device__ __forceinline__ void backward_element(
     scalar_t& d_input_gate, scalar_t& d_output_gate, scalar_t& d_candidate,
     scalar_t& grad_old_cell) {
   using T = acc_t<scalar_t>;
-  const T i = T(input_gate);
-  const T o = T(output_gate);
-  const T g = T(candidate);
-  const T dh = T(grad_h);
-  const T t = tanh_of(T(new_cell));
-  // new_h = tanh(new_cell) * o; new_cell = old_cell + g * i.
-  const T d_cell = dh * o * (T(1) - t * t) + T(grad_cell);
-  d_input_gate = d_cell * g * i * (T(1) - i);
-  d_output_gate = dh * t * o * (T(1) - o);
-  d_candidate = d_cell * i * elu_grad_from_output(g);
-  grad_old_cell = d_cell;
+  T d_i, d_o, d_g, d_c;
+  backward_math<T>(T(grad_h), T(grad_cell), T(new_cell), T(input_gate), T(output_gate),
+                   T(candidate), d_i, d_o, d_g, d_c);
+  d_input_gate = d_i;
+  d_output_gate = d_o;
+  d_candidate = d_g;
+  grad_old_cell = d_c;
 }
 
 }  // namespace lltm::cuda

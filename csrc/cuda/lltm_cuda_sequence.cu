@@ -1,0 +1,300 @@
+// CUDA implementation of lltm::sequence_forward and lltm::sequence_backward,
+// mirroring csrc/cpu/lltm_cpu_sequence.cpp function for function:
+//   forward:  gates = input @ W_x^T for all steps at once (one GEMM), then
+//             step by step: gates_t += h_prev @ W_h^T (cuBLAS) and the cell's
+//             fused pointwise kernel, writing output_t and cells_t.
+//   backward: step by step, last first: one fused kernel for d_gates_t and
+//             the gradient of c_prev (in place), then the gradient of h_prev
+//             = d_gates_t @ W_h. After the loop: grad_weights = d_gates^T @
+//             [h_prev, input], grad_input = d_gates @ W_x (one GEMM each) and
+//             grad_bias = a column sum of d_gates.
+// Everything runs on the tensors' device and torch's current stream, so CUDA
+// graphs capture a whole sequence. Steps run on a running state (step t
+// updates its first batch_sizes[t] rows), as on the CPU.
+#include <cuda_runtime.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Dispatch_v2.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../lltm_checks.h"
+#include "../lltm_tensor.h"
+#include "lltm_cuda_launch.cuh"
+#include "lltm_cuda_pointwise.cuh"
+#include "lltm_cuda_torch_ops.cuh"
+
+namespace lltm::cuda {
+namespace {
+
+// The steps in the order they run, and where each step's rows are.
+struct Schedule {
+  std::vector<int64_t> sizes;   // active batch of step t
+  std::vector<int64_t> starts;  // first row of step t
+  bool reverse;
+
+  Schedule(std::vector<int64_t> batch_sizes, bool reverse_)
+      : sizes(std::move(batch_sizes)), starts(sizes.size()), reverse(reverse_) {
+    int64_t row = 0;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      starts[t] = row;
+      row += sizes[t];
+    }
+  }
+  int64_t steps() const { return static_cast<int64_t>(sizes.size()); }
+  int64_t step(int64_t k) const { return reverse ? steps() - 1 - k : k; }
+  // The active batch and first row of the step run before the k-th (none: 0).
+  int64_t previous_size(int64_t k) const { return k == 0 ? 0 : sizes[step(k - 1)]; }
+  int64_t previous_start(int64_t k) const { return k == 0 ? 0 : starts[step(k - 1)]; }
+};
+
+// A new contiguous tensor of the input's layout with `width` columns.
+Tensor new_sequence_tensor(const Tensor& like, const SequenceSizes& n, int64_t width) {
+  if (n.packed) return new_matrix(like, n.rows, width);
+  return new_contiguous(like, {n.steps, n.batch, width});
+}
+
+// A contiguous tensor of the input's layout as a (rows, width) matrix.
+Tensor as_rows(const Tensor& contiguous, const SequenceSizes& n, int64_t width) {
+  return reshaped_view(contiguous, n.rows, width, width, 1);
+}
+
+// Rows [first, first + count) of a contiguous (rows, width) matrix.
+Tensor row_block(const Tensor& rows, int64_t first, int64_t count) {
+  const int64_t width = rows.size(1);
+  return reshaped_view(rows, count, width, width, 1, first * width);
+}
+
+// For each step, the rows whose state is carried from the step before and
+// those starting from the initial state (the latter only for packed
+// sequences run in reverse): calls fn(first_row, count, source), source
+// being the matching rows of `steps_data` or of `initial`.
+template <typename Fn>
+void previous_state_blocks(const Schedule& schedule, int64_t k, const Tensor& steps_data,
+                           const Tensor& initial, const Fn& fn) {
+  const int64_t size = schedule.sizes[schedule.step(k)];
+  const int64_t carried = std::min(size, schedule.previous_size(k));
+  if (carried > 0) fn(0, carried, row_block(steps_data, schedule.previous_start(k), carried));
+  if (size > carried) fn(carried, size - carried, row_block(initial, carried, size - carried));
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
+    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell,
+    std::optional<Tensor> batch_sizes, bool reverse) {
+  const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
+  const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
+  const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
+  const int64_t S = n.state;
+  Tensor output = new_sequence_tensor(input, n, S);
+  Tensor gates = new_sequence_tensor(input, n, 3 * S);
+  Tensor cells = new_sequence_tensor(input, n, S);
+  Tensor h_n = new_matrix(input, n.batch, S);
+  Tensor c_n = new_matrix(input, n.batch, S);
+  Tensor output_rows = as_rows(output, n, S);
+  Tensor gates_rows = as_rows(gates, n, 3 * S);
+  Tensor cells_rows = as_rows(cells, n, S);
+  // The kernels read whole rows: no-ops when already contiguous.
+  const Tensor x = torch::stable::contiguous(input);
+  const Tensor h0 = torch::stable::contiguous(old_h);
+  const Tensor c0 = torch::stable::contiguous(old_cell);
+  const Tensor b = torch::stable::contiguous(bias);
+  if (n.rows > 0 && S > 0) {
+    // Every step's input projection at once, straight into `gates`.
+    addmm_out(gates_rows, gates_rows, as_rows(x, n, n.features),
+              transposed(column_block(weights, S, n.features, false)), 0.0);
+  }
+  const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
+
+  for (int64_t k = 0; k < schedule.steps(); ++k) {
+    const int64_t t = schedule.step(k);
+    const int64_t start = schedule.starts[t];
+    previous_state_blocks(schedule, k, output_rows, h0,
+                          [&](int64_t first, int64_t count, const Tensor& h_prev) {
+                            Tensor g = row_block(gates_rows, start + first, count);
+                            addmm_out(g, g, h_prev, w_h_transposed, 1.0);
+                          });
+    previous_state_blocks(
+        schedule, k, cells_rows, c0, [&](int64_t first, int64_t count, const Tensor& c_prev) {
+          Tensor g = row_block(gates_rows, start + first, count);
+          Tensor h = row_block(output_rows, start + first, count);
+          Tensor c = row_block(cells_rows, start + first, count);
+          THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_forward_cuda", AT_WRAP([&] {
+            forward_pointwise<scalar_t>(g, b, c_prev, h, c, count, S);
+          }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
+        });
+  }
+
+  // Each sequence's last state. Going back from the last step run, a step
+  // of size s is the last step of rows [gathered, s) not gathered yet
+  // (sizes shrink going forward; in reverse the last step run has them all).
+  for (auto [final_state, steps_data, initial] :
+       {std::tuple{&h_n, &output_rows, &h0}, {&c_n, &cells_rows, &c0}}) {
+    int64_t gathered = 0;
+    for (int64_t k = schedule.steps() - 1; k >= 0 && gathered < n.batch; --k) {
+      const int64_t t = schedule.step(k);
+      const int64_t size = schedule.sizes[t];
+      if (size <= gathered) continue;
+      Tensor to = row_block(*final_state, gathered, size - gathered);
+      torch::stable::copy_(to, row_block(*steps_data, schedule.starts[t] + gathered,
+                                         size - gathered));
+      gathered = size;
+    }
+    if (gathered < n.batch) {  // rows that had no step: their initial state
+      Tensor to = row_block(*final_state, gathered, n.batch - gathered);
+      torch::stable::copy_(to, row_block(*initial, gathered, n.batch - gathered));
+    }
+  }
+  return {output, h_n, c_n, gates, cells};
+}
+
+// --- Backward ------------------------------------------------------------------------
+
+// d_gates of `rows` rows of one step and the gradient of c_prev, in place in
+// grad_cell. The gradient reaching h_t is grad_h (through h_t's use by the
+// step after) plus grad_output (through output_t; may be null).
+template <typename scalar_t>
+__global__ void sequence_backward_kernel(const scalar_t* __restrict__ grad_h,
+                                         const scalar_t* __restrict__ grad_output,
+                                         scalar_t* grad_cell,
+                                         const scalar_t* __restrict__ new_cell,
+                                         const scalar_t* __restrict__ gates,
+                                         scalar_t* __restrict__ d_gates, int64_t rows,
+                                         int64_t state) {
+  using T = acc_t<scalar_t>;
+  const int64_t row_stride = int64_t(gridDim.y) * blockDim.y;
+  const int64_t col_stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += row_stride) {
+    const scalar_t* g = gates + r * 3 * state;
+    scalar_t* dg = d_gates + r * 3 * state;
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < state;
+         j += col_stride) {
+      const int64_t e = r * state + j;
+      T dh = T(grad_h[e]);
+      if (grad_output != nullptr) dh += T(grad_output[e]);
+      T d_i, d_o, d_g, d_c;
+      backward_math<T>(dh, T(grad_cell[e]), T(new_cell[e]), T(g[j]), T(g[state + j]),
+                       T(g[2 * state + j]), d_i, d_o, d_g, d_c);
+      dg[j] = d_i;
+      dg[state + j] = d_o;
+      dg[2 * state + j] = d_g;
+      grad_cell[e] = d_c;
+    }
+  }
+}
+
+template <typename scalar_t>
+void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tensor>& grad_output,
+                                 Tensor& grad_cell, const Tensor& new_cell, const Tensor& gates,
+                                 Tensor& d_gates, int64_t rows, int64_t state) {
+  if (rows == 0 || state == 0) return;
+  const int32_t device = gates.get_device_index();
+  const RowTiling t = row_tiling(rows, state, device);
+  sequence_backward_kernel<scalar_t><<<t.grid, t.block, 0, current_stream(device)>>>(
+      grad_h.const_data_ptr<scalar_t>(),
+      grad_output ? grad_output->const_data_ptr<scalar_t>() : nullptr,
+      grad_cell.mutable_data_ptr<scalar_t>(), new_cell.const_data_ptr<scalar_t>(),
+      gates.const_data_ptr<scalar_t>(), d_gates.mutable_data_ptr<scalar_t>(), rows, state);
+  check_launch("lltm sequence_backward_kernel");
+}
+
+using Grads = std::tuple<std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
+                         std::optional<Tensor>, std::optional<Tensor>>;
+
+Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor> grad_h_n,
+                        std::optional<Tensor> grad_c_n, Tensor output, Tensor gates, Tensor cells,
+                        Tensor input, Tensor weights, Tensor old_h,
+                        std::optional<Tensor> batch_sizes, bool reverse,
+                        std::vector<bool> output_mask) {
+  const SequenceSizes n = check_sequence_backward_args(grad_output, grad_h_n, grad_c_n, output,
+                                                       gates, cells, input, weights, old_h,
+                                                       batch_sizes);
+  const GradMask want = check_output_mask(output_mask);
+  const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
+  const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
+  const int64_t S = n.state;
+  const Tensor gates_rows = as_rows(torch::stable::contiguous(gates), n, 3 * S);
+  const Tensor cells_rows = as_rows(torch::stable::contiguous(cells), n, S);
+  std::optional<Tensor> grad_output_rows;
+  if (grad_output.has_value()) {
+    grad_output_rows = as_rows(torch::stable::contiguous(*grad_output), n, S);
+  }
+  // The running gradients of the state, which end as those of old_h, old_cell.
+  Tensor grad_h = new_matrix(input, n.batch, S);
+  Tensor grad_c = new_matrix(input, n.batch, S);
+  for (auto [from, to] : {std::pair{&grad_h_n, &grad_h}, {&grad_c_n, &grad_c}}) {
+    if (from->has_value()) {
+      torch::stable::copy_(*to, **from);
+    } else {
+      torch::stable::zero_(*to);
+    }
+  }
+  Tensor d_gates = new_matrix(input, n.rows, 3 * S);
+  const Tensor w_h = column_block(weights, 0, S, false);
+
+  for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
+    const int64_t t = schedule.step(k);
+    const int64_t size = schedule.sizes[t];
+    const int64_t start = schedule.starts[t];
+    if (size == 0) continue;
+    Tensor dg = row_block(d_gates, start, size);
+    Tensor dh = row_block(grad_h, 0, size);
+    Tensor dc = row_block(grad_c, 0, size);
+    std::optional<Tensor> dy;
+    if (grad_output_rows) dy = row_block(*grad_output_rows, start, size);
+    THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cuda", AT_WRAP([&] {
+      sequence_backward_pointwise<scalar_t>(dh, dy, dc, row_block(cells_rows, start, size),
+                                            row_block(gates_rows, start, size), dg, size, S);
+    }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
+    addmm_out(dh, dh, dg, w_h, 0.0);
+  }
+
+  std::optional<Tensor> grad_input, grad_weights, grad_bias;
+  if (want.weights) {
+    // [h_prev, input] of every row, then one GEMM over all steps.
+    grad_weights = new_matrix(weights, 3 * S, S + n.features);
+    Tensor x = new_matrix(input, n.rows, S + n.features);
+    const Tensor output_rows = as_rows(torch::stable::contiguous(output), n, S);
+    const Tensor h0 = torch::stable::contiguous(old_h);
+    for (int64_t k = 0; k < schedule.steps(); ++k) {
+      const int64_t start = schedule.starts[schedule.step(k)];
+      previous_state_blocks(schedule, k, output_rows, h0,
+                            [&](int64_t first, int64_t count, const Tensor& h_prev) {
+                              Tensor to = column_block(row_block(x, start + first, count), 0, S,
+                                                       false);
+                              torch::stable::copy_(to, h_prev);
+                            });
+    }
+    if (n.rows > 0 && n.features > 0) {
+      Tensor to = column_block(x, S, n.features, false);
+      torch::stable::copy_(to, as_rows(torch::stable::contiguous(input), n, n.features));
+    }
+    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
+  }
+  if (want.bias) {
+    const int64_t rows_dim[] = {0};
+    grad_bias = torch::stable::sum(d_gates, torch::headeronly::IntHeaderOnlyArrayRef(rows_dim, 1));
+  }
+  if (want.input) {
+    grad_input = new_sequence_tensor(input, n, n.features);
+    Tensor rows = as_rows(*grad_input, n, n.features);
+    addmm_out(rows, rows, d_gates, column_block(weights, S, n.features, false), 0.0);
+  }
+  return {grad_input, grad_weights, grad_bias,
+          want.old_h ? std::optional<Tensor>(grad_h) : std::nullopt,
+          want.old_cell ? std::optional<Tensor>(grad_c) : std::nullopt};
+}
+
+}  // namespace
+}  // namespace lltm::cuda
+
+STABLE_TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
+  m.impl("sequence_forward", TORCH_BOX(&lltm::cuda::sequence_forward));
+  m.impl("sequence_backward", TORCH_BOX(&lltm::cuda::sequence_backward));
+}

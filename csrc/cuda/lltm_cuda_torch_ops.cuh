@@ -1,0 +1,19 @@
+// What the CUDA kernels take from torch besides allocations: GEMMs (cuBLAS
+// behind torch's C shim), on torch's current stream.
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
+#include <torch/csrc/stable/tensor.h>
+
+namespace lltm::cuda {
+
+using torch::stable::Tensor;
+
+// out = beta * self + mat1 @ mat2 (self may alias out), on the current stream.
+inline void addmm_out(Tensor& out, const Tensor& self, const Tensor& mat1, const Tensor& mat2,
+                      double beta) {
+  TORCH_ERROR_CODE_CHECK(
+      aoti_torch_cuda_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0));
+}
+
+}  // namespace lltm::cuda
