@@ -5,6 +5,8 @@
 //             into the saved `gates`), then step by step: gates_t += h_prev @
 //             W_h^T and the cell's pointwise pass, which adds the bias,
 //             activates gates_t in place and writes output_t and cells_t.
+//             (With the packed kernel each step computes its own projection,
+//             for the rows it is about to use.)
 //   backward: step by step, last first: the cell's pointwise backward into
 //             d_gates_t and the gradient of c_prev, then the gradient of
 //             h_prev = d_gates_t @ W_h. After the loop, over all steps at once:
@@ -60,6 +62,9 @@ struct Schedule {
   int64_t steps() const { return static_cast<int64_t>(sizes.size()); }
   // The k-th step to run.
   int64_t step(int64_t k) const { return reverse ? steps() - 1 - k : k; }
+  // The active batch and first row of the step run before the k-th (none: 0).
+  int64_t previous_size(int64_t k) const { return k == 0 ? 0 : sizes[step(k - 1)]; }
+  int64_t previous_start(int64_t k) const { return k == 0 ? 0 : starts[step(k - 1)]; }
 };
 
 // Row r of a tensor laid out like the input: (steps, batch, width), rows
@@ -103,33 +108,41 @@ Tensor as_rows(const Tensor& t, const SequenceSizes& n) {
   return reshaped_view(torch::stable::contiguous(t), steps * batch, width, width, 1);
 }
 
-// How one step's rows are split between threads: in blocks of whole
-// register tiles, as many blocks as threads when the step's product is worth
-// splitting, else one block.
+// Blocks of batch rows, one per thread. Rows never interact in the
+// recurrence (row r of step t reads only row r of the step before), so each
+// thread carries its block through every step: one parallel region per
+// call, no synchronisation between steps. (Splitting each step instead cost
+// a parallel region per step, ~7 us apiece on a 2-core machine, more than
+// the tutorial size's per-step product saves.)
 struct RowBlocks {
-  int64_t threads;
-  int64_t tile_rows;
+  int64_t count;
+  int64_t rows_per_block;
 
-  // fn(block, first_row, end_row) for rows [0, rows); block < threads.
+  // fn(block, first_row, end_row) for every block; rows [0, batch).
   template <typename Fn>
-  void run(int64_t rows, int64_t product, const Fn& fn) const {
-    if (threads < 2 || product < kMinParallelProduct || rows <= tile_rows) {
-      fn(int64_t(0), int64_t(0), rows);
+  void run(int64_t batch, const Fn& fn) const {
+    if (count == 1) {
+      fn(int64_t(0), int64_t(0), batch);
       return;
     }
-    const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-    const int64_t blocks = std::min(threads, tiles);
-    const int64_t block_rows = (tiles + blocks - 1) / blocks * tile_rows;
-    torch::stable::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    torch::stable::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        const int64_t first = b * block_rows;
-        if (first < rows) fn(b, first, std::min(rows, first + block_rows));
+        fn(b, b * rows_per_block, std::min(batch, (b + 1) * rows_per_block));
       }
     });
   }
 };
 
-RowBlocks row_blocks() { return {std::max<int64_t>(1, torch::stable::get_num_threads()), 8}; }
+// Blocks of whole register tiles, as many as threads when the sequence's
+// recurrent products (`work` multiply-adds) are worth splitting.
+RowBlocks split_rows(int64_t batch, int64_t work) {
+  constexpr int64_t kTileRows = 8;  // a multiple of every packed kernel's tile
+  const int64_t threads = torch::stable::get_num_threads();
+  const int64_t tiles = (batch + kTileRows - 1) / kTileRows;
+  if (threads < 2 || tiles < 2 || work < kMinParallelProduct) return {1, batch};
+  const int64_t count = std::min(threads, tiles);
+  return {count, (tiles + count - 1) / count * kTileRows};
+}
 
 // The bias in the math type, converted once per call.
 template <typename scalar_t, typename T = acc_t<scalar_t>>
@@ -140,10 +153,12 @@ std::vector<T> bias_in(const Tensor& bias, int64_t size) {
   return out;
 }
 
+// `x` is the input as (rows, features) with contiguous rows; `h0` has
+// contiguous rows; `c0` any strides.
 template <typename scalar_t>
-void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, const Tensor& weights,
-                            const Tensor& bias, const Tensor& h0, const Tensor& c0,
-                            Tensor& output, Tensor& gates, Tensor& cells) {
+void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, const Tensor& x,
+                            const Tensor& weights, const Tensor& bias, const Tensor& h0,
+                            const Tensor& c0, Tensor& output, Tensor& gates, Tensor& cells) {
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
   const std::vector<T> b_all = bias_in<scalar_t>(bias, 3 * S);
@@ -153,48 +168,75 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
   const Matrix<const scalar_t> h_init = matrix_of<const scalar_t>(h0);  // contiguous rows
   const Matrix<const scalar_t> c_init = matrix_of<const scalar_t>(c0);
   const GemmKernel<scalar_t>* packed = packed_gemm<scalar_t>();
-  std::optional<PackedPanels<scalar_t>> w_h_t;
+  std::optional<PackedPanels<scalar_t>> w_h_t, w_x_t;
   if (packed != nullptr) {
-    // B = W_h^T: B[k][j] = W[j][k], k < state, j < 3 * state.
-    w_h_t.emplace(static_cast<const scalar_t*>(weights.data_ptr()), S, 3 * S,
-                  weights.stride(1), weights.stride(0), packed->panel);
+    // B = W_h^T: B[k][j] = W[j][k], k < state, j < 3 * state; and W_x^T, the
+    // columns of W from `state` on.
+    const scalar_t* w = static_cast<const scalar_t*>(weights.data_ptr());
+    w_h_t.emplace(w, S, 3 * S, weights.stride(1), weights.stride(0), packed->panel);
+    w_x_t.emplace(w + S * weights.stride(1), n.features, 3 * S, weights.stride(1),
+                  weights.stride(0), packed->panel);
+  }
+  const scalar_t* x_data = static_cast<const scalar_t*>(x.data_ptr());
+  const int64_t x_stride = x.stride(0);
+  // Row r's state before the k-th step: that of the step run before when it
+  // had the row, else the initial one.
+  auto h_prev = [&](int64_t k, int64_t r) -> const scalar_t* {
+    if (r < schedule.previous_size(k)) return out + (schedule.previous_start(k) + r) * S;
+    return h_init.row(r);
+  };
+  auto c_prev = [&](int64_t k, int64_t r) -> RowRef<const scalar_t> {
+    if (r < schedule.previous_size(k)) return {c1 + (schedule.previous_start(k) + r) * S, 1};
+    return {c_init.row(r), c_init.col_stride};
+  };
+  // The pointwise pass of rows [first, end) of the k-th step.
+  auto pointwise = [&](ForwardBuffers<T>& buf, int64_t k, int64_t first, int64_t end) {
+    const int64_t start = schedule.starts[schedule.step(k)];
+    for (int64_t r = first; r < end; ++r) {
+      const int64_t row = start + r;
+      forward_row(buf, g + row * 3 * S, b_all.data(), c_prev(k, r), out + row * S, c1 + row * S,
+                  S);
+    }
+  };
+
+  if (packed != nullptr) {
+    // Each step of a block: gates = x_t @ W_x^T + h_prev @ W_h^T for its
+    // rows (the input projection too: no separate pass over `gates`), then
+    // the pointwise pass, while those rows are in cache.
+    const RowBlocks blocks = split_rows(n.batch, n.rows * (S + n.features) * 3 * S);
+    blocks.run(n.batch, [&](int64_t, int64_t first, int64_t last) {
+      ForwardBuffers<T> buf;
+      std::vector<const scalar_t*> a_rows(last - first);
+      for (int64_t k = 0; k < schedule.steps(); ++k) {
+        const int64_t t = schedule.step(k);
+        const int64_t end = std::min(last, schedule.sizes[t]);
+        if (end <= first) continue;
+        scalar_t* step_gates = g + (schedule.starts[t] + first) * 3 * S;
+        for (int64_t r = first; r < end; ++r) {
+          a_rows[r - first] = x_data + (schedule.starts[t] + r) * x_stride;
+        }
+        packed->run(end - first, a_rows.data(), w_x_t->data.get(), n.features, 3 * S,
+                    step_gates, 3 * S, /*accumulate=*/false);
+        for (int64_t r = first; r < end; ++r) a_rows[r - first] = h_prev(k, r);
+        packed->run(end - first, a_rows.data(), w_h_t->data.get(), S, 3 * S, step_gates, 3 * S,
+                    /*accumulate=*/true);
+        pointwise(buf, k, first, end);
+      }
+    });
+    return;
+  }
+
+  if (n.rows > 0 && S > 0) {
+    // Every step's input projection at once, straight into `gates`.
+    addmm_out(gates, gates, x, transposed(column_block(weights, S, n.features, false)), 0.0);
   }
   const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
-  const RowBlocks blocks = row_blocks();
-  std::vector<const scalar_t*> row_pointers(n.batch);  // A's rows, by row
-
   for (int64_t k = 0; k < schedule.steps(); ++k) {
     const int64_t t = schedule.step(k);
     const int64_t size = schedule.sizes[t];
     const int64_t start = schedule.starts[t];
-    const int64_t previous = k == 0 ? 0 : schedule.sizes[schedule.step(k - 1)];
-    const int64_t previous_start = k == 0 ? 0 : schedule.starts[schedule.step(k - 1)];
-    // Row r's state before this step: the previous step's, or the initial.
-    auto h_prev = [&](int64_t r) -> const scalar_t* {
-      return r < previous ? out + (previous_start + r) * S : h_init.row(r);
-    };
-    auto c_prev = [&](int64_t r) -> RowRef<const scalar_t> {
-      if (r < previous) return {c1 + (previous_start + r) * S, 1};
-      return {c_init.row(r), c_init.col_stride};
-    };
-    auto pointwise = [&](int64_t first, int64_t end) {
-      ForwardBuffers<T> buf;
-      for (int64_t r = first; r < end; ++r) {
-        const int64_t row = start + r;
-        forward_row(buf, g + row * 3 * S, b_all.data(), c_prev(r), out + row * S, c1 + row * S,
-                    S);
-      }
-    };
-    if (packed != nullptr) {
-      blocks.run(size, size * S * 3 * S, [&](int64_t, int64_t first, int64_t end) {
-        const scalar_t** a_rows = row_pointers.data() + first;
-        for (int64_t r = first; r < end; ++r) a_rows[r - first] = h_prev(r);
-        packed->run(end - first, a_rows, w_h_t->data.get(), S, 3 * S,
-                    g + (start + first) * 3 * S, 3 * S, /*accumulate=*/true);
-        pointwise(first, end);
-      });
-      continue;
-    }
+    const int64_t previous = schedule.previous_size(k);
+    const int64_t previous_start = schedule.previous_start(k);
     // torch's GEMM on contiguous blocks of previous rows: the previous
     // step's, then (going in reverse over packed sequences) rows joining now.
     const int64_t carried = std::min(size, previous);
@@ -210,11 +252,15 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
                                           carried * h0.stride(0));
       addmm_out(joining, joining, h_rows, w_h_transposed, 1.0);
     }
+    auto rows = [&](int64_t first, int64_t end) {
+      ForwardBuffers<T> buf;
+      pointwise(buf, k, first, end);
+    };
     if (worth_parallel(size * S)) {
       const int64_t grain = std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(S, 1));
-      torch::stable::parallel_for(0, size, grain, pointwise);
+      torch::stable::parallel_for(0, size, grain, rows);
     } else {
-      pointwise(0, size);
+      rows(0, size);
     }
   }
 }
@@ -252,17 +298,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   Tensor h_n = new_matrix(input, n.batch, n.state);
   Tensor c_n = new_matrix(input, n.batch, n.state);
   Tensor gates_rows = as_rows(gates, n);
-  if (n.rows > 0 && n.state > 0) {
-    // Every step's input projection at once, straight into `gates`.
-    addmm_out(gates_rows, gates_rows, as_rows(input, n),
-              transposed(column_block(weights, n.state, n.features, false)), 0.0);
-  }
-  // The GEMMs read h0 as whole rows; c0 is read in place, any strides.
+  // The GEMMs read the input and h0 as whole rows; c0 is read in place.
+  Tensor x = as_rows(input, n);
+  if (x.stride(1) != 1) x = torch::stable::contiguous(x);
   const Tensor h0 = torch::stable::contiguous(old_h);
   Tensor output_rows = as_rows(output, n);
   Tensor cells_rows = as_rows(cells, n);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_forward_cpu", AT_WRAP([&] {
-                    sequence_forward_steps<scalar_t>(n, schedule, weights, bias, h0, old_cell,
+                    sequence_forward_steps<scalar_t>(n, schedule, x, weights, bias, h0, old_cell,
                                                      output_rows, gates_rows, cells_rows);
                     gather_final_state<scalar_t>(n, schedule, output_rows, old_h, h_n);
                     gather_final_state<scalar_t>(n, schedule, cells_rows, old_cell, c_n);
@@ -298,7 +341,8 @@ template <typename scalar_t>
 void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                              const std::optional<Tensor>& grad_output, const Tensor& gates,
                              const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                             Tensor& grad_h, Tensor& grad_c, scalar_t* grad_bias) {
+                             Tensor& grad_h, Tensor& grad_c, scalar_t* grad_bias,
+                             bool want_old_h) {
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
   const SequenceRows<const scalar_t> g(gates, n), c1(cells, n);
@@ -315,13 +359,11 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                 weights.stride(1), packed->panel);
   }
   const Tensor w_h_view = column_block(weights, 0, S, false);
-  const RowBlocks blocks = row_blocks();
-  // One workspace per block, so with the library GEMM (one block per step)
-  // the pointwise pass runs in one block as well.
+  const RowBlocks blocks = packed != nullptr ? split_rows(n.batch, n.rows * 3 * S * S)
+                                             : RowBlocks{1, n.batch};
   std::vector<BackwardWorkspace<scalar_t>> workspaces;
-  workspaces.reserve(blocks.threads);
-  for (int64_t b = 0; b < blocks.threads; ++b) workspaces.emplace_back(S);
-  std::vector<const scalar_t*> row_pointers(n.batch);
+  workspaces.reserve(blocks.count);
+  for (int64_t b = 0; b < blocks.count; ++b) workspaces.emplace_back(S);
 
   // d_gates of rows [first, end) of step t and the gradient of c_prev (into
   // grad_c); their d_gates also join the workspace's grad_bias sums.
@@ -354,25 +396,35 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
     }
   };
 
-  for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
-    const int64_t t = schedule.step(k);
-    const int64_t size = schedule.sizes[t];
-    const int64_t start = schedule.starts[t];
-    if (packed != nullptr) {
-      blocks.run(size, size * 3 * S * S, [&](int64_t block, int64_t first, int64_t end) {
-        pointwise(workspaces[block], start, first, end);
-        const scalar_t** a_rows = row_pointers.data() + first;
+  if (packed != nullptr) {
+    blocks.run(n.batch, [&](int64_t block, int64_t first, int64_t last) {
+      BackwardWorkspace<scalar_t>& ws = workspaces[block];
+      std::vector<const scalar_t*> a_rows(last - first);
+      for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
+        const int64_t t = schedule.step(k);
+        const int64_t start = schedule.starts[t];
+        const int64_t end = std::min(last, schedule.sizes[t]);
+        if (end <= first) continue;
+        pointwise(ws, start, first, end);
+        // The first step's product only feeds grad_old_h. (So do those of
+        // rows joining a packed reverse run late; they are few and kept.)
+        if (k == 0 && !want_old_h) continue;
         for (int64_t r = first; r < end; ++r) a_rows[r - first] = dg + (start + r) * 3 * S;
-        packed->run(end - first, a_rows, w_h->data.get(), 3 * S, S, dh + first * S, S,
+        packed->run(end - first, a_rows.data(), w_h->data.get(), 3 * S, S, dh + first * S, S,
                     /*accumulate=*/false);
-      });
-      continue;
-    }
-    pointwise(workspaces[0], start, 0, size);
-    if (size > 0) {
-      Tensor dh_rows = reshaped_view(grad_h, size, S, S, 1, 0);
-      addmm_out(dh_rows, dh_rows, reshaped_view(d_gates, size, 3 * S, 3 * S, 1, start * 3 * S),
-                w_h_view, 0.0);
+      }
+    });
+  } else {
+    for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
+      const int64_t t = schedule.step(k);
+      const int64_t size = schedule.sizes[t];
+      const int64_t start = schedule.starts[t];
+      pointwise(workspaces[0], start, 0, size);
+      if (size > 0 && (k > 0 || want_old_h)) {
+        Tensor dh_rows = reshaped_view(grad_h, size, S, S, 1, 0);
+        addmm_out(dh_rows, dh_rows,
+                  reshaped_view(d_gates, size, 3 * S, 3 * S, 1, start * 3 * S), w_h_view, 0.0);
+      }
     }
   }
   if (grad_bias != nullptr) {
@@ -448,7 +500,8 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                     }
                     sequence_backward_steps<scalar_t>(
                         n, schedule, grad_output, gates, cells, weights, d_gates, grad_h, grad_c,
-                        grad_bias ? static_cast<scalar_t*>(grad_bias->data_ptr()) : nullptr);
+                        grad_bias ? static_cast<scalar_t*>(grad_bias->data_ptr()) : nullptr,
+                        want.old_h);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                   torch::headeronly::ScalarType::BFloat16);

@@ -157,7 +157,10 @@ class LLTMSequence(torch.nn.Module):
                 c_n.append(c)
             layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
 
-        final_h, final_c = torch.stack(h_n), torch.stack(c_n)
+        if len(h_n) == 1:  # a view, not a copy, in the common case
+            final_h, final_c = h_n[0].unsqueeze(0), c_n[0].unsqueeze(0)
+        else:
+            final_h, final_c = torch.stack(h_n), torch.stack(c_n)
         if packed:
             if unsorted_indices is not None:
                 final_h = final_h.index_select(1, unsorted_indices)
