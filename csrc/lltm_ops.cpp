@@ -6,10 +6,13 @@
 #include <torch/csrc/stable/library.h>
 
 STABLE_TORCH_LIBRARY(lltm, m) {
-  // One LLTM step. `gates` holds the activated gates [input | output |
-  // candidate] (batch, 3 * state): everything backward needs besides the
-  // inputs, since the derivatives of sigmoid, elu and tanh are functions of
-  // their outputs. It is an implementation detail, not differentiable.
+  // One LLTM step. `gates` (batch, 3 * state) holds [sigmoid(input gate) |
+  // sigmoid(output gate) | the candidate's pre-activation x]: everything
+  // backward needs besides the inputs, since the derivatives of sigmoid and
+  // tanh are functions of their outputs and ELU's is computed from x (a
+  // rounded elu(x) would lose exp(x) in 16-bit). The pre-activations are
+  // [old_h, input] @ W^T + bias, rounded once, as F.linear rounds them. It
+  // is an implementation detail, not differentiable.
   m.def(
       "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
       "Tensor old_cell) -> (Tensor new_h, Tensor new_cell, Tensor gates)");

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
 #include <algorithm>
@@ -96,6 +97,12 @@ inline Tensor reshaped_view(const Tensor& t, int64_t rows, int64_t cols, int64_t
   AtenTensorHandle out = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, offset, &out));
   return Tensor(out);
+}
+
+// t itself when contiguous, else a contiguous copy: torch::stable::contiguous
+// goes through the dispatcher even when there is nothing to do.
+inline Tensor dense(const Tensor& t) {
+  return t.is_contiguous() ? t : torch::stable::contiguous(t);
 }
 
 // Columns [first, first + count) of a 2-D tensor, optionally transposed:

@@ -1,9 +1,10 @@
 // CPU implementation of lltm::forward and lltm::backward.
 //
 // Structure, mirrored by csrc/cuda/lltm_cuda.cu function for function:
-//   forward:  gates = [old_h, input] @ W^T   (one GEMM, written straight into
-//             the `gates` output), then one fused pointwise pass that adds the
-//             bias, activates the gates in place and writes new_h, new_cell.
+//   forward:  gates = b + [old_h, input] @ W^T   (one GEMM, written straight
+//             into the `gates` output), then one fused pointwise pass that
+//             activates the input and output gates in place (the candidate's
+//             pre-activation stays, for backward) and writes new_h, new_cell.
 //   backward: one fused pointwise pass producing d_gates, grad_old_cell and
 //             grad_bias, then the GEMMs for grad_weights, grad_old_h and
 //             grad_input, each only when wanted.
@@ -46,23 +47,17 @@ Tensor concat_h_x(const Tensor& old_h, const Tensor& input, const Sizes& n) {
 }
 
 template <typename scalar_t>
-void forward_pointwise(Tensor& gates, const Tensor& bias, const Tensor& old_cell, Tensor& new_h,
-                       Tensor& new_cell, int64_t batch, int64_t state) {
+void forward_pointwise(Tensor& gates, const Tensor& old_cell, Tensor& new_h, Tensor& new_cell,
+                       int64_t batch, int64_t state) {
   using T = acc_t<scalar_t>;
   const Matrix<scalar_t> g = matrix_of<scalar_t>(gates);  // contiguous: made here
   const Matrix<const scalar_t> c0 = matrix_of<const scalar_t>(old_cell);
   scalar_t* h1 = static_cast<scalar_t*>(new_h.data_ptr());
   scalar_t* c1 = static_cast<scalar_t*>(new_cell.data_ptr());
-  // Every row reads the whole bias: convert it once, if it needs it at all.
-  const Matrix<const scalar_t> b = row_of<const scalar_t>(bias);
-  std::vector<T> bias_copy;
-  if (!std::is_same_v<scalar_t, T> || b.col_stride != 1) bias_copy.resize(3 * state);
-  const T* b_all = load_span(b.data, b.col_stride, 3 * state, bias_copy.data());
-
   auto rows = [&](int64_t begin, int64_t end) {
     ForwardBuffers<T> buf;
     for (int64_t r = begin; r < end; ++r) {
-      forward_row(buf, g.row(r), b_all, RowRef<const scalar_t>{c0.row(r), c0.col_stride},
+      forward_row(buf, g.row(r), RowRef<const scalar_t>{c0.row(r), c0.col_stride},
                   h1 + r * state, c1 + r * state, state);
     }
   };
@@ -143,11 +138,12 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor 
   Tensor new_h = new_matrix(input, n.batch, n.state);
   Tensor new_cell = new_matrix(input, n.batch, n.state);
   const Tensor x = concat_h_x(old_h, input, n);
-  // The GEMM writes the pre-activations (bias not yet added) into `gates`,
-  // which the pointwise pass then overwrites with the activations.
-  addmm_out(gates, gates, x, transposed(weights), /*beta=*/0.0);
+  // gates = bias + [old_h, input] @ W^T: the pre-activations rounded once, as
+  // F.linear rounds them (in 16-bit a product beyond the range that the bias
+  // brings back stays finite). The pointwise pass then activates them.
+  addmm_out(gates, bias, x, transposed(weights), /*beta=*/1.0);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_forward_cpu", AT_WRAP([&] {
-                    forward_pointwise<scalar_t>(gates, bias, old_cell, new_h, new_cell, n.batch,
+                    forward_pointwise<scalar_t>(gates, old_cell, new_h, new_cell, n.batch,
                                                 n.state);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,

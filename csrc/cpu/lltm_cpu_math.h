@@ -172,10 +172,11 @@ LLTM_ALWAYS_INLINE T fast_tanh(T x) {
   return x < T(0) ? -t : t;
 }
 
-// d elu / dx through y = elu(x): 1 where x > 0, else exp(x) = y + 1.
+// d elu / dx at x, given y = elu(x) computed in T: 1 where x > 0, else
+// exp(x) = y + 1 (y = expm1(x), so no cancellation worth speaking of).
 template <typename T>
-LLTM_ALWAYS_INLINE T elu_grad_from_output(T y) {
-  return y > T(0) ? T(1) : y + T(1);
+LLTM_ALWAYS_INLINE T elu_grad(T x, T y) {
+  return x > T(0) ? T(1) : y + T(1);
 }
 
 }  // namespace lltm::cpu

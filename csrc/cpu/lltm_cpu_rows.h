@@ -85,12 +85,12 @@ struct ForwardBuffers {
 };
 
 // One row of the forward pass. `gates` (a dense row of 3 * state) holds the
-// pre-activations without bias on entry and the activated gates on return;
-// `bias` is the whole bias in T.
+// pre-activations, bias included, on entry; on return the input and output
+// gates are activated and the candidate keeps its pre-activation (what
+// backward needs).
 template <typename scalar_t, typename T = acc_t<scalar_t>>
-void forward_row(ForwardBuffers<T>& buf, scalar_t* gates, const T* bias,
-                 RowRef<const scalar_t> old_cell, scalar_t* new_h, scalar_t* new_cell,
-                 int64_t state) {
+void forward_row(ForwardBuffers<T>& buf, scalar_t* gates, RowRef<const scalar_t> old_cell,
+                 scalar_t* new_h, scalar_t* new_cell, int64_t state) {
   const auto kernel = span_kernels<T>().forward;
   for (int64_t j = 0; j < state; j += kSpan) {
     const int64_t len = std::min(kSpan, state - j);
@@ -101,16 +101,12 @@ void forward_row(ForwardBuffers<T>& buf, scalar_t* gates, const T* bias,
     s.gate_i = load_span(gi, 1, len, buf.gate_i);
     s.gate_o = load_span(go, 1, len, buf.gate_o);
     s.gate_g = load_span(gg, 1, len, buf.gate_g);
-    s.bias_i = bias + j;
-    s.bias_o = bias + state + j;
-    s.bias_g = bias + 2 * state + j;
     s.old_cell = load_span(old_cell.at(j), old_cell.stride, len, buf.old_cell);
     s.new_h = output_span(new_h + j, buf.new_h);
     s.new_cell = output_span(new_cell + j, buf.new_cell);
     kernel(s, len);
     store_span(gi, s.gate_i, len);
     store_span(go, s.gate_o, len);
-    store_span(gg, s.gate_g, len);
     store_span(new_h + j, s.new_h, len);
     store_span(new_cell + j, s.new_cell, len);
   }

@@ -3,8 +3,9 @@
 // Structure, mirrored by csrc/cuda/lltm_cuda_sequence.cu function for function:
 //   forward:  gates = input @ W_x^T for all steps at once (one GEMM, straight
 //             into the saved `gates`), then step by step: gates_t += h_prev @
-//             W_h^T and the cell's pointwise pass, which adds the bias,
-//             activates gates_t in place and writes output_t and cells_t.
+//             W_h^T and the cell's pointwise pass, which activates gates_t in
+//             place and writes output_t and cells_t. The bias joins the
+//             pre-activations in the GEMMs, as in the cell.
 //             (With the packed kernel each step computes its own projection,
 //             for the rows it is about to use.)
 //   backward: step by step, last first: the cell's pointwise backward into
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "../lltm_checks.h"
@@ -144,12 +146,12 @@ RowBlocks split_rows(int64_t batch, int64_t work) {
   return {count, (tiles + count - 1) / count * kTileRows};
 }
 
-// The bias in the math type, converted once per call.
-template <typename scalar_t, typename T = acc_t<scalar_t>>
-std::vector<T> bias_in(const Tensor& bias, int64_t size) {
+// The bias as a dense row, copied once per call.
+template <typename scalar_t>
+std::vector<scalar_t> dense_bias(const Tensor& bias, int64_t size) {
   const Matrix<const scalar_t> b = row_of<const scalar_t>(bias);
-  std::vector<T> out(size);
-  for (int64_t k = 0; k < size; ++k) out[k] = static_cast<T>(b.data[k * b.col_stride]);
+  std::vector<scalar_t> out(size);
+  for (int64_t k = 0; k < size; ++k) out[k] = b.data[k * b.col_stride];
   return out;
 }
 
@@ -161,7 +163,6 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
                             const Tensor& c0, Tensor& output, Tensor& gates, Tensor& cells) {
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
-  const std::vector<T> b_all = bias_in<scalar_t>(bias, 3 * S);
   scalar_t* out = static_cast<scalar_t*>(output.data_ptr());
   scalar_t* g = static_cast<scalar_t*>(gates.data_ptr());
   scalar_t* c1 = static_cast<scalar_t*>(cells.data_ptr());
@@ -194,15 +195,16 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
     const int64_t start = schedule.starts[schedule.step(k)];
     for (int64_t r = first; r < end; ++r) {
       const int64_t row = start + r;
-      forward_row(buf, g + row * 3 * S, b_all.data(), c_prev(k, r), out + row * S, c1 + row * S,
-                  S);
+      forward_row(buf, g + row * 3 * S, c_prev(k, r), out + row * S, c1 + row * S, S);
     }
   };
 
   if (packed != nullptr) {
-    // Each step of a block: gates = x_t @ W_x^T + h_prev @ W_h^T for its
-    // rows (the input projection too: no separate pass over `gates`), then
-    // the pointwise pass, while those rows are in cache.
+    // Each step of a block: gates = b + x_t @ W_x^T + h_prev @ W_h^T for its
+    // rows (the input projection too: no separate pass over `gates`),
+    // accumulated in the math type, then the pointwise pass, while those
+    // rows are in cache.
+    const std::vector<scalar_t> b = dense_bias<scalar_t>(bias, 3 * S);
     const RowBlocks blocks = split_rows(n.batch, n.rows * (S + n.features) * 3 * S);
     blocks.run(n.batch, [&](int64_t, int64_t first, int64_t last) {
       ForwardBuffers<T> buf;
@@ -214,9 +216,10 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
         scalar_t* step_gates = g + (schedule.starts[t] + first) * 3 * S;
         for (int64_t r = first; r < end; ++r) {
           a_rows[r - first] = x_data + (schedule.starts[t] + r) * x_stride;
+          std::copy(b.begin(), b.end(), step_gates + (r - first) * 3 * S);
         }
         packed->run(end - first, a_rows.data(), w_x_t->data.get(), n.features, 3 * S,
-                    step_gates, 3 * S, /*accumulate=*/false);
+                    step_gates, 3 * S, /*accumulate=*/true);
         for (int64_t r = first; r < end; ++r) a_rows[r - first] = h_prev(k, r);
         packed->run(end - first, a_rows.data(), w_h_t->data.get(), S, 3 * S, step_gates, 3 * S,
                     /*accumulate=*/true);
@@ -226,31 +229,52 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
     return;
   }
 
-  if (n.rows > 0 && S > 0) {
-    // Every step's input projection at once, straight into `gates`.
-    addmm_out(gates, gates, x, transposed(column_block(weights, S, n.features, false)), 0.0);
-  }
+  // torch's GEMM. In 16-bit, each step as the cell does it: [h_prev, x_t]
+  // and one GEMM with the bias, so that the pre-activations are rounded once
+  // and step t is exactly lltm::forward on step t. In float and double, one
+  // GEMM for every step's projection and bias, and per step one more that
+  // adds h_prev @ W_h^T.
+  constexpr bool kOneGemmPerStep = !std::is_same_v<scalar_t, T>;
   const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
+  std::optional<Tensor> step_input;  // [h_prev, x_t] of a whole step
+  if (kOneGemmPerStep) {
+    step_input = new_matrix(x, n.batch, S + n.features);
+  } else if (n.rows > 0 && S > 0) {
+    addmm_out(gates, bias, x, transposed(column_block(weights, S, n.features, false)), 1.0);
+  }
   for (int64_t k = 0; k < schedule.steps(); ++k) {
     const int64_t t = schedule.step(k);
     const int64_t size = schedule.sizes[t];
     const int64_t start = schedule.starts[t];
     const int64_t previous = schedule.previous_size(k);
     const int64_t previous_start = schedule.previous_start(k);
-    // torch's GEMM on contiguous blocks of previous rows: the previous
-    // step's, then (going in reverse over packed sequences) rows joining now.
-    const int64_t carried = std::min(size, previous);
-    if (carried > 0) {
-      Tensor first_rows = reshaped_view(gates, carried, 3 * S, 3 * S, 1, start * 3 * S);
-      addmm_out(first_rows, first_rows,
-                reshaped_view(output, carried, S, S, 1, previous_start * S), w_h_transposed, 1.0);
-    }
-    if (size > carried) {
-      Tensor joining = reshaped_view(gates, size - carried, 3 * S, 3 * S, 1,
-                                     (start + carried) * 3 * S);
-      const Tensor h_rows = reshaped_view(h0, size - carried, S, h0.stride(0), h0.stride(1),
-                                          carried * h0.stride(0));
-      addmm_out(joining, joining, h_rows, w_h_transposed, 1.0);
+    if (size > 0 && kOneGemmPerStep) {
+      scalar_t* in = static_cast<scalar_t*>(step_input->data_ptr());
+      for (int64_t r = 0; r < size; ++r) {
+        std::copy(h_prev(k, r), h_prev(k, r) + S, in + r * (S + n.features));
+        const scalar_t* x_row = x_data + (start + r) * x_stride;
+        std::copy(x_row, x_row + n.features, in + r * (S + n.features) + S);
+      }
+      Tensor step_gates = reshaped_view(gates, size, 3 * S, 3 * S, 1, start * 3 * S);
+      addmm_out(step_gates, bias, reshaped_view(*step_input, size, S + n.features, S + n.features, 1),
+                transposed(weights), 1.0);
+    } else if (size > 0) {
+      // The previous rows in contiguous blocks: the previous step's, then
+      // (going in reverse over packed sequences) rows joining now.
+      const int64_t carried = std::min(size, previous);
+      if (carried > 0) {
+        Tensor first_rows = reshaped_view(gates, carried, 3 * S, 3 * S, 1, start * 3 * S);
+        addmm_out(first_rows, first_rows,
+                  reshaped_view(output, carried, S, S, 1, previous_start * S), w_h_transposed,
+                  1.0);
+      }
+      if (size > carried) {
+        Tensor joining = reshaped_view(gates, size - carried, 3 * S, 3 * S, 1,
+                                       (start + carried) * 3 * S);
+        const Tensor h_rows = reshaped_view(h0, size - carried, S, h0.stride(0), h0.stride(1),
+                                            carried * h0.stride(0));
+        addmm_out(joining, joining, h_rows, w_h_transposed, 1.0);
+      }
     }
     auto rows = [&](int64_t first, int64_t end) {
       ForwardBuffers<T> buf;

@@ -26,14 +26,13 @@
 #endif
 namespace lltm::cpu {
 
+// The pre-activations come from the GEMM with the bias already added, rounded
+// once to the storage type as F.linear rounds X W^T + b.
 template <typename T>
 struct ForwardSpan {
-  T* gate_i;  // in: pre-activation without bias; out: sigmoid
-  T* gate_o;  // same, output gate
-  T* gate_g;  // same, candidate; out: elu
-  const T* bias_i;
-  const T* bias_o;
-  const T* bias_g;
+  T* gate_i;        // in: pre-activation; out: sigmoid
+  T* gate_o;        // same, output gate
+  const T* gate_g;  // the candidate's pre-activation, kept as it is for backward
   const T* old_cell;
   T* new_h;
   T* new_cell;
@@ -44,9 +43,9 @@ struct BackwardSpan {
   const T* grad_h;
   const T* grad_cell;
   const T* new_cell;
-  const T* gate_i;
-  const T* gate_o;
-  const T* gate_g;
+  const T* gate_i;  // sigmoid
+  const T* gate_o;  // sigmoid
+  const T* gate_g;  // the candidate's pre-activation
   T* d_gate_i;
   T* d_gate_o;
   T* d_gate_g;
@@ -58,18 +57,15 @@ struct BackwardSpan {
 
 template <typename T, typename MulAdd>
 LLTM_ALWAYS_INLINE void forward_span_loop(int64_t n, T* __restrict gi, T* __restrict go,
-                                          T* __restrict gg, const T* __restrict bi,
-                                          const T* __restrict bo, const T* __restrict bg,
-                                          const T* __restrict c0, T* __restrict h1,
-                                          T* __restrict c1) {
+                                          const T* __restrict gg, const T* __restrict c0,
+                                          T* __restrict h1, T* __restrict c1) {
   for (int64_t j = 0; j < n; ++j) {
-    const T i = fast_sigmoid<T, MulAdd>(gi[j] + bi[j]);
-    const T o = fast_sigmoid<T, MulAdd>(go[j] + bo[j]);
-    const T g = fast_elu<T, MulAdd>(gg[j] + bg[j]);
+    const T i = fast_sigmoid<T, MulAdd>(gi[j]);
+    const T o = fast_sigmoid<T, MulAdd>(go[j]);
+    const T g = fast_elu<T, MulAdd>(gg[j]);
     const T c = c0[j] + g * i;
     gi[j] = i;
     go[j] = o;
-    gg[j] = g;
     c1[j] = c;
     h1[j] = fast_tanh<T, MulAdd>(c) * o;
   }
@@ -85,13 +81,16 @@ LLTM_ALWAYS_INLINE void backward_span_loop(int64_t n, const T* __restrict dh,
   for (int64_t j = 0; j < n; ++j) {
     const T i = gi[j];
     const T o = go[j];
-    const T g = gg[j];
+    // ELU and its derivative from the pre-activation: exact where a rounded
+    // 16-bit elu(x) + 1 would lose exp(x) (all of it below about -6).
+    const T x = gg[j];
+    const T g = fast_elu<T, MulAdd>(x);
     const T t = fast_tanh<T, MulAdd>(c1[j]);
     // new_h = tanh(new_cell) * o; new_cell = old_cell + g * i.
     const T d_cell = dh[j] * o * (T(1) - t * t) + dc[j];
     const T d_i = d_cell * g * i * (T(1) - i);
     const T d_o = dh[j] * t * o * (T(1) - o);
-    const T d_g = d_cell * i * elu_grad_from_output(g);
+    const T d_g = d_cell * i * elu_grad(x, g);
     dgi[j] = d_i;
     dgo[j] = d_o;
     dgg[j] = d_g;
@@ -106,8 +105,8 @@ LLTM_ALWAYS_INLINE void backward_span_loop(int64_t n, const T* __restrict dh,
 // vectorize (it does not trust restrict on pointers read from a struct).
 template <typename T, typename MulAdd>
 LLTM_ALWAYS_INLINE void forward_span_body(const ForwardSpan<T>& s, int64_t n) {
-  forward_span_loop<T, MulAdd>(n, s.gate_i, s.gate_o, s.gate_g, s.bias_i, s.bias_o, s.bias_g,
-                               s.old_cell, s.new_h, s.new_cell);
+  forward_span_loop<T, MulAdd>(n, s.gate_i, s.gate_o, s.gate_g, s.old_cell, s.new_h,
+                               s.new_cell);
 }
 
 template <typename T, typename MulAdd>

@@ -1,10 +1,10 @@
 // CUDA implementation of lltm::forward and lltm::backward, mirroring
 // csrc/cpu/lltm_cpu.cpp function for function:
-//   forward:  gates = [old_h, input] @ W^T   (one GEMM through torch, written
-//             straight into the `gates` output: one rounding of the
+//   forward:  gates = b + [old_h, input] @ W^T   (one GEMM through torch,
+//             written straight into the `gates` output: one rounding of the
 //             pre-activations, as in the reference, also for 16-bit types)
-//             then one fused pointwise kernel that adds the bias, activates
-//             the gates in place and writes new_h, new_cell.
+//             then one fused pointwise kernel that activates the input and
+//             output gates in place and writes new_h, new_cell.
 //   backward: one fused pointwise kernel producing d_gates and grad_old_cell,
 //             then the GEMMs for grad_weights, grad_old_h and grad_input, and
 //             a torch sum for grad_bias (the CPU folds that sum into its
@@ -54,17 +54,16 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights,
   // Allocations, GEMMs and kernels all go to the tensors' device.
   const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
   Tensor gates = new_matrix(input, n.batch, 3 * n.state);
-  // The GEMM writes the pre-activations (bias not yet added) into `gates`,
-  // which the pointwise kernel then overwrites with the activations.
-  addmm_out(gates, gates, concat_h_x(old_h, input, n), transposed(weights), /*beta=*/0.0);
+  // gates = bias + [old_h, input] @ W^T: the pre-activations rounded once,
+  // as F.linear rounds them; the pointwise kernel then activates them.
+  addmm_out(gates, bias, concat_h_x(old_h, input, n), transposed(weights), /*beta=*/1.0);
 
-  // The pointwise kernel reads rows densely; these are no-ops when contiguous.
-  const Tensor bias_c = torch::stable::contiguous(bias);
-  const Tensor old_cell_c = torch::stable::contiguous(old_cell);
+  // The pointwise kernel reads rows densely.
+  const Tensor old_cell_c = dense(old_cell);
   Tensor new_h = new_matrix(input, n.batch, n.state);
   Tensor new_cell = new_matrix(input, n.batch, n.state);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_forward_cuda", AT_WRAP([&] {
-    forward_pointwise<scalar_t>(gates, bias_c, old_cell_c, new_h, new_cell, n.batch, n.state);
+    forward_pointwise<scalar_t>(gates, old_cell_c, new_h, new_cell, n.batch, n.state);
   }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
   return {new_h, new_cell, gates};
 }
@@ -78,10 +77,10 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
   const Sizes n = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
   const GradMask want = check_output_mask(output_mask);
   const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
-  const Tensor grad_h_c = torch::stable::contiguous(grad_h);
-  const Tensor grad_cell_c = torch::stable::contiguous(grad_cell);
-  const Tensor new_cell_c = torch::stable::contiguous(new_cell);
-  const Tensor gates_c = torch::stable::contiguous(gates);
+  const Tensor grad_h_c = dense(grad_h);
+  const Tensor grad_cell_c = dense(grad_cell);
+  const Tensor new_cell_c = dense(new_cell);
+  const Tensor gates_c = dense(gates);
 
   Tensor d_gates = new_matrix(input, n.batch, 3 * n.state);
   Tensor grad_old_cell = new_matrix(input, n.batch, n.state);
@@ -89,11 +88,16 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
     backward_pointwise<scalar_t>(grad_h_c, grad_cell_c, new_cell_c, gates_c, d_gates, grad_old_cell, n.batch, n.state);
   }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
 
-  // grad_weights = d_gates^T @ [old_h, input].
+  // grad_weights = d_gates^T @ [old_h, input], as two GEMMs into its column
+  // blocks: no copy of [old_h, input] (the CPU makes one, cheaper there than
+  // a second GEMM call; here it would be two more kernel launches).
   std::optional<Tensor> grad_weights, grad_bias, grad_old_h, grad_input;
   if (want.weights) {
     grad_weights = new_matrix(weights, 3 * n.state, n.state + n.features);
-    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), concat_h_x(old_h, input, n), 0.0);
+    Tensor w_h = column_block(*grad_weights, 0, n.state, false);
+    Tensor w_x = column_block(*grad_weights, n.state, n.features, false);
+    addmm_out(w_h, w_h, transposed(d_gates), old_h, 0.0);
+    addmm_out(w_x, w_x, transposed(d_gates), input, 0.0);
   }
   if (want.bias) {
     const int64_t batch_dim[] = {0};

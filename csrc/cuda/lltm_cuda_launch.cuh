@@ -13,6 +13,7 @@
 #include <torch/headeronly/util/shim_utils.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
@@ -91,12 +92,26 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Block: x covers a row's packs (up to a whole block), y stacks as many rows
 // as fit, so short rows still fill the block. A warp may then span two rows
 // and still read consecutive addresses: (batch, state) rows are contiguous.
-inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_index) {
-  int multiprocessors = 0;
-  const cudaError_t error = cudaDeviceGetAttribute(
-      &multiprocessors, cudaDevAttrMultiProcessorCount, device_index);
+// The device's multiprocessor count, queried once per device: a driver call
+// on every launch costs about as much as a small kernel.
+inline int64_t multiprocessor_count(int32_t device_index) {
+  constexpr int32_t kCachedDevices = 64;
+  static std::atomic<int> cached[kCachedDevices] = {};  // 0: not queried yet
+  if (device_index >= 0 && device_index < kCachedDevices) {
+    if (const int known = cached[device_index].load(std::memory_order_relaxed)) return known;
+  }
+  int count = 0;
+  const cudaError_t error =
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_index);
   if (error != cudaSuccess) fail_cuda("querying the GPU", error);
-  const int64_t max_blocks = int64_t(multiprocessors) * kMaxBlocksPerMultiprocessor;
+  if (device_index >= 0 && device_index < kCachedDevices) {
+    cached[device_index].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_index) {
+  const int64_t max_blocks = multiprocessor_count(device_index) * kMaxBlocksPerMultiprocessor;
 
   const int64_t block_x = std::min(kThreadsPerBlock, packs_per_row);
   const int64_t block_y = kThreadsPerBlock / block_x;

@@ -35,43 +35,45 @@ __device__ __forceinline__ T elu(T x) {
   return x > T(0) ? x : expm1_of(x);
 }
 
-// d elu / dx expressed through y = elu(x): 1 where x > 0, else exp(x) = y + 1.
+// d elu / dx at x, given y = elu(x): 1 where x > 0, else exp(x) = y + 1.
 template <typename T>
-__device__ __forceinline__ T elu_grad_from_output(T y) {
-  return y > T(0) ? T(1) : y + T(1);
+__device__ __forceinline__ T elu_grad(T x, T y) {
+  return x > T(0) ? T(1) : y + T(1);
 }
 
-// One column j of one row. The gate arguments hold the pre-activations
-// (bias not yet added) on entry and the activated gates on return.
+// One column j of one row. The input and output gates hold their
+// pre-activations (bias included) on entry and the activated gates on
+// return; the candidate's pre-activation is only read: it is what backward
+// keeps, since ELU's derivative needs x, not a rounded elu(x).
 template <typename scalar_t>
-__device__ __forceinline__ void forward_element(
-    scalar_t& input_gate, scalar_t& output_gate, scalar_t& candidate,
-    scalar_t bias_i, scalar_t bias_o, scalar_t bias_g, scalar_t old_cell,
-    scalar_t& new_h, scalar_t& new_cell) {
+__device__ __forceinline__ void forward_element(scalar_t& input_gate, scalar_t& output_gate,
+                                                scalar_t candidate, scalar_t old_cell,
+                                                scalar_t& new_h, scalar_t& new_cell) {
   using T = acc_t<scalar_t>;
-  const T i = sigmoid(T(input_gate) + T(bias_i));
-  const T o = sigmoid(T(output_gate) + T(bias_o));
-  const T g = elu(T(candidate) + T(bias_g));
+  const T i = sigmoid(T(input_gate));
+  const T o = sigmoid(T(output_gate));
+  const T g = elu(T(candidate));
   const T c = T(old_cell) + g * i;
   input_gate = i;
   output_gate = o;
-  candidate = g;
   new_cell = c;
   new_h = tanh_of(c) * o;
 }
 
 // Gradients of one element, in the math type T: from the gradients reaching
-// new_h and new_cell, new_cell itself and the activated gates.
-// new_h = tanh(new_cell) * o; new_cell = old_cell + g * i.
+// new_h and new_cell, new_cell itself, the activated input and output gates
+// and the candidate's pre-activation x.
+// new_h = tanh(new_cell) * o; new_cell = old_cell + g * i, g = elu(x).
 template <typename T>
-__device__ __forceinline__ void backward_math(T grad_h, T grad_cell, T new_cell, T i, T o, T g,
+__device__ __forceinline__ void backward_math(T grad_h, T grad_cell, T new_cell, T i, T o, T x,
                                               T& d_input_gate, T& d_output_gate,
                                               T& d_candidate, T& grad_old_cell) {
+  const T g = elu(x);
   const T t = tanh_of(new_cell);
   const T d_cell = grad_h * o * (T(1) - t * t) + grad_cell;
   d_input_gate = d_cell * g * i * (T(1) - i);
   d_output_gate = grad_h * t * o * (T(1) - o);
-  d_candidate = d_cell * i * elu_grad_from_output(g);
+  d_candidate = d_cell * i * elu_grad(x, g);
   grad_old_cell = d_cell;
 }
 

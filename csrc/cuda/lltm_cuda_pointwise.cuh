@@ -19,7 +19,6 @@ using torch::stable::Tensor;
 // apart. Every other matrix has rows of `state` elements.
 template <typename scalar_t, int kVec>
 __global__ void forward_kernel(scalar_t* __restrict__ gates,
-                               const scalar_t* __restrict__ bias,
                                const scalar_t* __restrict__ old_cell,
                                scalar_t* __restrict__ new_h,
                                scalar_t* __restrict__ new_cell, int64_t batch,
@@ -33,20 +32,15 @@ __global__ void forward_kernel(scalar_t* __restrict__ gates,
     for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < state; j += col_stride) {
       P i = load_pack<kVec>(g + j);
       P o = load_pack<kVec>(g + state + j);
-      P c = load_pack<kVec>(g + 2 * state + j);
-      const P b_i = load_pack<kVec>(bias + j);
-      const P b_o = load_pack<kVec>(bias + state + j);
-      const P b_g = load_pack<kVec>(bias + 2 * state + j);
+      const P x = load_pack<kVec>(g + 2 * state + j);
       const P c0 = load_pack<kVec>(old_cell + offset + j);
       P h1, c1;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        forward_element(i.v[k], o.v[k], c.v[k], b_i.v[k], b_o.v[k], b_g.v[k],
-                        c0.v[k], h1.v[k], c1.v[k]);
+        forward_element(i.v[k], o.v[k], x.v[k], c0.v[k], h1.v[k], c1.v[k]);
       }
       store_pack<kVec>(g + j, i);
       store_pack<kVec>(g + state + j, o);
-      store_pack<kVec>(g + 2 * state + j, c);
       store_pack<kVec>(new_h + offset + j, h1);
       store_pack<kVec>(new_cell + offset + j, c1);
     }
@@ -92,24 +86,22 @@ __global__ void backward_kernel(const scalar_t* __restrict__ grad_h,
 // Launch helpers: a launch written inside a THO_DISPATCH_V2 body breaks the
 // macro, so each dtype's launch lives in these templates.
 template <typename scalar_t>
-void forward_pointwise(Tensor& gates, const Tensor& bias, const Tensor& old_cell,
-                       Tensor& new_h, Tensor& new_cell, int64_t batch,
-                       int64_t state) {
+void forward_pointwise(Tensor& gates, const Tensor& old_cell, Tensor& new_h, Tensor& new_cell,
+                       int64_t batch, int64_t state) {
   if (batch == 0 || state == 0) return;
   scalar_t* g = gates.mutable_data_ptr<scalar_t>();
-  const scalar_t* b = bias.const_data_ptr<scalar_t>();
   const scalar_t* c0 = old_cell.const_data_ptr<scalar_t>();
   scalar_t* h1 = new_h.mutable_data_ptr<scalar_t>();
   scalar_t* c1 = new_cell.mutable_data_ptr<scalar_t>();
   const int32_t device = gates.get_device_index();
   const cudaStream_t stream = current_stream(device);
   constexpr int kVec = kWidePack<scalar_t>;
-  if (rows_fit_wide_packs<scalar_t>(state, {g, b, c0, h1, c1})) {
+  if (rows_fit_wide_packs<scalar_t>(state, {g, c0, h1, c1})) {
     const RowTiling t = row_tiling(batch, state / kVec, device);
-    forward_kernel<scalar_t, kVec><<<t.grid, t.block, 0, stream>>>(g, b, c0, h1, c1, batch, state);
+    forward_kernel<scalar_t, kVec><<<t.grid, t.block, 0, stream>>>(g, c0, h1, c1, batch, state);
   } else {
     const RowTiling t = row_tiling(batch, state, device);
-    forward_kernel<scalar_t, 1><<<t.grid, t.block, 0, stream>>>(g, b, c0, h1, c1, batch, state);
+    forward_kernel<scalar_t, 1><<<t.grid, t.block, 0, stream>>>(g, c0, h1, c1, batch, state);
   }
   check_launch("lltm forward_kernel");
 }

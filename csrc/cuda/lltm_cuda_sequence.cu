@@ -1,8 +1,9 @@
 // CUDA implementation of lltm::sequence_forward and lltm::sequence_backward,
 // mirroring csrc/cpu/lltm_cpu_sequence.cpp function for function:
-//   forward:  gates = input @ W_x^T for all steps at once (one GEMM), then
-//             step by step: gates_t += h_prev @ W_h^T (cuBLAS) and the cell's
-//             fused pointwise kernel, writing output_t and cells_t.
+//   forward:  gates = b + input @ W_x^T for all steps at once (one GEMM),
+//             then step by step: gates_t += h_prev @ W_h^T (cuBLAS) and the
+//             cell's fused pointwise kernel, writing output_t and cells_t.
+//             (16-bit: one GEMM per step over [h_prev, x_t], as in the cell.)
 //   backward: step by step, last first: one fused kernel for d_gates_t and
 //             the gradient of c_prev (in place), then the gradient of h_prev
 //             = d_gates_t @ W_h. After the loop: grad_weights = d_gates^T @
@@ -100,33 +101,58 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   Tensor output_rows = as_rows(output, n, S);
   Tensor gates_rows = as_rows(gates, n, 3 * S);
   Tensor cells_rows = as_rows(cells, n, S);
-  // The kernels read whole rows: no-ops when already contiguous.
-  const Tensor x = torch::stable::contiguous(input);
-  const Tensor h0 = torch::stable::contiguous(old_h);
-  const Tensor c0 = torch::stable::contiguous(old_cell);
-  const Tensor b = torch::stable::contiguous(bias);
-  if (n.rows > 0 && S > 0) {
-    // Every step's input projection at once, straight into `gates`.
-    addmm_out(gates_rows, gates_rows, as_rows(x, n, n.features),
-              transposed(column_block(weights, S, n.features, false)), 0.0);
-  }
+  // The kernels and the row blocks below read whole rows.
+  const Tensor x = as_rows(dense(input), n, n.features);
+  const Tensor h0 = dense(old_h);
+  const Tensor c0 = dense(old_cell);
   const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
+  // In 16-bit each step runs as the cell does: [h_prev, x_t] and one GEMM
+  // with the bias, so the pre-activations are rounded once and step t is
+  // exactly lltm::forward on step t. In float and double, one GEMM for every
+  // step's projection and bias, then per step one more adding h_prev @ W_h^T.
+  const auto dtype = input.scalar_type();
+  const bool one_gemm_per_step = dtype == torch::headeronly::ScalarType::Half ||
+                                 dtype == torch::headeronly::ScalarType::BFloat16;
+  std::optional<Tensor> step_input;  // [h_prev, x_t] of a whole step
+  if (one_gemm_per_step) {
+    step_input = new_matrix(input, n.batch, S + n.features);
+  } else if (n.rows > 0 && S > 0) {
+    addmm_out(gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)), 1.0);
+  }
 
   for (int64_t k = 0; k < schedule.steps(); ++k) {
     const int64_t t = schedule.step(k);
     const int64_t start = schedule.starts[t];
-    previous_state_blocks(schedule, k, output_rows, h0,
-                          [&](int64_t first, int64_t count, const Tensor& h_prev) {
-                            Tensor g = row_block(gates_rows, start + first, count);
-                            addmm_out(g, g, h_prev, w_h_transposed, 1.0);
-                          });
+    const int64_t size = schedule.sizes[t];
+    if (size == 0) continue;
+    if (one_gemm_per_step) {
+      previous_state_blocks(schedule, k, output_rows, h0,
+                            [&](int64_t first, int64_t count, const Tensor& h_prev) {
+                              Tensor to = column_block(row_block(*step_input, first, count), 0,
+                                                       S, false);
+                              torch::stable::copy_(to, h_prev);
+                            });
+      Tensor in = row_block(*step_input, 0, size);
+      if (n.features > 0) {
+        Tensor to = column_block(in, S, n.features, false);
+        torch::stable::copy_(to, row_block(x, start, size));
+      }
+      Tensor g = row_block(gates_rows, start, size);
+      addmm_out(g, bias, in, transposed(weights), 1.0);
+    } else {
+      previous_state_blocks(schedule, k, output_rows, h0,
+                            [&](int64_t first, int64_t count, const Tensor& h_prev) {
+                              Tensor g = row_block(gates_rows, start + first, count);
+                              addmm_out(g, g, h_prev, w_h_transposed, 1.0);
+                            });
+    }
     previous_state_blocks(
         schedule, k, cells_rows, c0, [&](int64_t first, int64_t count, const Tensor& c_prev) {
           Tensor g = row_block(gates_rows, start + first, count);
           Tensor h = row_block(output_rows, start + first, count);
           Tensor c = row_block(cells_rows, start + first, count);
-          THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_forward_cuda", AT_WRAP([&] {
-            forward_pointwise<scalar_t>(g, b, c_prev, h, c, count, S);
+          THO_DISPATCH_V2(dtype, "lltm_sequence_forward_cuda", AT_WRAP([&] {
+            forward_pointwise<scalar_t>(g, c_prev, h, c, count, S);
           }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
         });
   }
@@ -219,11 +245,11 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
   const int64_t S = n.state;
-  const Tensor gates_rows = as_rows(torch::stable::contiguous(gates), n, 3 * S);
-  const Tensor cells_rows = as_rows(torch::stable::contiguous(cells), n, S);
+  const Tensor gates_rows = as_rows(dense(gates), n, 3 * S);
+  const Tensor cells_rows = as_rows(dense(cells), n, S);
   std::optional<Tensor> grad_output_rows;
   if (grad_output.has_value()) {
-    grad_output_rows = as_rows(torch::stable::contiguous(*grad_output), n, S);
+    grad_output_rows = as_rows(dense(*grad_output), n, S);
   }
   // The running gradients of the state, which end as those of old_h, old_cell.
   Tensor grad_h = new_matrix(input, n.batch, S);
@@ -260,8 +286,8 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     // [h_prev, input] of every row, then one GEMM over all steps.
     grad_weights = new_matrix(weights, 3 * S, S + n.features);
     Tensor x = new_matrix(input, n.rows, S + n.features);
-    const Tensor output_rows = as_rows(torch::stable::contiguous(output), n, S);
-    const Tensor h0 = torch::stable::contiguous(old_h);
+    const Tensor output_rows = as_rows(dense(output), n, S);
+    const Tensor h0 = dense(old_h);
     for (int64_t k = 0; k < schedule.steps(); ++k) {
       const int64_t start = schedule.starts[schedule.step(k)];
       previous_state_blocks(schedule, k, output_rows, h0,
@@ -273,7 +299,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     }
     if (n.rows > 0 && n.features > 0) {
       Tensor to = column_block(x, S, n.features, false);
-      torch::stable::copy_(to, as_rows(torch::stable::contiguous(input), n, n.features));
+      torch::stable::copy_(to, as_rows(dense(input), n, n.features));
     }
     addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
   }

@@ -34,7 +34,28 @@ def forward(
     i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
     new_cell = old_cell + g * i
     new_h = torch.tanh(new_cell) * o
-    return new_h, new_cell, torch.cat([i, o, g], dim=1)
+    # The layout of every kernel's `gates`: activated input and output gates,
+    # the candidate's pre-activation (its derivative needs x, not elu(x)).
+    return new_h, new_cell, torch.cat([i, o, pre_g], dim=1)
+
+
+def _step_backward(
+    grad_h: Tensor, grad_cell: Tensor, new_cell: Tensor, gates: Tensor
+) -> tuple[Tensor, Tensor]:
+    """d_gates and the gradient of old_cell of one step."""
+    i, o, x = gates.chunk(3, dim=1)
+    g = F.elu(x)
+    t = torch.tanh(new_cell)
+    d_cell = grad_h * o * (1 - t * t) + grad_cell
+    d_gates = torch.cat(
+        [
+            d_cell * g * i * (1 - i),
+            grad_h * t * o * (1 - o),
+            d_cell * i * torch.where(x > 0, torch.ones_like(x), torch.exp(x)),
+        ],
+        dim=1,
+    )
+    return d_gates, d_cell
 
 
 def backward(
@@ -49,17 +70,7 @@ def backward(
 ) -> tuple[Tensor | None, ...]:
     state = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights)[2]
     want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
-    i, o, g = gates.chunk(3, dim=1)
-    t = torch.tanh(new_cell)
-    d_cell = grad_h * o * (1 - t * t) + grad_cell
-    d_gates = torch.cat(
-        [
-            d_cell * g * i * (1 - i),
-            grad_h * t * o * (1 - o),
-            d_cell * i * torch.where(g > 0, torch.ones_like(g), g + 1),
-        ],
-        dim=1,
-    )
+    d_gates, d_cell = _step_backward(grad_h, grad_cell, new_cell, gates)
     return (
         d_gates @ weights[:, state:] if want_input else None,
         d_gates.t() @ torch.cat([old_h, input], dim=1) if want_weights else None,
@@ -165,17 +176,7 @@ def sequence_backward(
     d_gates: dict[int, Tensor] = {}
     for size, rows in reversed(steps):
         grad_h = dh[:size] if grad_rows is None else dh[:size] + grad_rows[rows]
-        i, o, g = gate_rows[rows].chunk(3, dim=1)
-        t = torch.tanh(cell_rows[rows])
-        d_cell = grad_h * o * (1 - t * t) + dc[:size]
-        step = torch.cat(
-            [
-                d_cell * g * i * (1 - i),
-                grad_h * t * o * (1 - o),
-                d_cell * i * torch.where(g > 0, torch.ones_like(g), g + 1),
-            ],
-            dim=1,
-        )
+        step, d_cell = _step_backward(grad_h, dc[:size], cell_rows[rows], gate_rows[rows])
         d_gates[rows.start] = step
         dh = torch.cat([step @ w_h, dh[size:]])
         dc = torch.cat([d_cell, dc[size:]])
