@@ -10,6 +10,8 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
+#include "lltm_errors.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -45,36 +47,36 @@ Matrix<T> row_of(const Tensor& t) {
 // (any device: the allocation goes to that device's allocator).
 inline Tensor new_matrix(const Tensor& like, int64_t rows, int64_t cols) {
   int32_t dtype = 0, device_type = 0, device_index = 0;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index), "reading a tensor's dtype and device");
   const int64_t sizes[] = {rows, cols};
   const int64_t strides[] = {cols, 1};
   AtenTensorHandle out = nullptr;
-  TORCH_ERROR_CODE_CHECK(
-      aoti_torch_empty_strided(2, sizes, strides, dtype, device_type, device_index, &out));
+  LLTM_CHECK_TORCH(
+      aoti_torch_empty_strided(2, sizes, strides, dtype, device_type, device_index, &out), "allocating an output tensor");
   return Tensor(out);
 }
 
 inline Tensor new_vector(const Tensor& like, int64_t size) {
   int32_t dtype = 0, device_type = 0, device_index = 0;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index), "reading a tensor's dtype and device");
   const int64_t sizes[] = {size};
   const int64_t strides[] = {1};
   AtenTensorHandle out = nullptr;
-  TORCH_ERROR_CODE_CHECK(
-      aoti_torch_empty_strided(1, sizes, strides, dtype, device_type, device_index, &out));
+  LLTM_CHECK_TORCH(
+      aoti_torch_empty_strided(1, sizes, strides, dtype, device_type, device_index, &out), "allocating an output tensor");
   return Tensor(out);
 }
 
 // A new contiguous tensor of any rank with the dtype and device of `like`.
 inline Tensor new_contiguous(const Tensor& like, std::initializer_list<int64_t> sizes) {
   int32_t dtype = 0, device_type = 0, device_index = 0;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index), "reading a tensor's dtype and device");
   std::vector<int64_t> shape(sizes), strides(shape.size());
   int64_t stride = 1;
   for (size_t d = shape.size(); d-- > 0;) {
@@ -82,9 +84,10 @@ inline Tensor new_contiguous(const Tensor& like, std::initializer_list<int64_t> 
     stride *= std::max<int64_t>(shape[d], 1);
   }
   AtenTensorHandle out = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()),
-                                                  shape.data(), strides.data(), dtype,
-                                                  device_type, device_index, &out));
+  LLTM_CHECK_TORCH(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()), shape.data(),
+                                            strides.data(), dtype, device_type, device_index,
+                                            &out),
+                   "allocating an output tensor");
   return Tensor(out);
 }
 
@@ -95,14 +98,32 @@ inline Tensor reshaped_view(const Tensor& t, int64_t rows, int64_t cols, int64_t
   const int64_t sizes[] = {rows, cols};
   const int64_t strides[] = {row_stride, col_stride};
   AtenTensorHandle out = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, offset, &out));
+  LLTM_CHECK_TORCH(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, offset, &out), "making a view of a tensor");
   return Tensor(out);
 }
 
 // t itself when contiguous, else a contiguous copy: torch::stable::contiguous
 // goes through the dispatcher even when there is nothing to do.
 inline Tensor dense(const Tensor& t) {
-  return t.is_contiguous() ? t : torch::stable::contiguous(t);
+  if (t.is_contiguous()) return t;
+  return with_torch_message("making a contiguous copy", [&] { return torch::stable::contiguous(t); });
+}
+
+// dst = src (same shape; any device), on the current stream.
+inline void copy_into(Tensor& dst, const Tensor& src) {
+  with_torch_message("copying a tensor", [&] { return torch::stable::copy_(dst, src); });
+}
+
+inline void fill_zeros(Tensor& t) {
+  with_torch_message("zeroing a tensor", [&] { return torch::stable::zero_(t); });
+}
+
+// The sums of a 2-D tensor's columns.
+inline Tensor column_sums(const Tensor& t) {
+  const int64_t rows_dim[] = {0};
+  return with_torch_message("summing columns", [&] {
+    return torch::stable::sum(t, torch::headeronly::IntHeaderOnlyArrayRef(rows_dim, 1));
+  });
 }
 
 // Columns [first, first + count) of a 2-D tensor, optionally transposed:
@@ -114,8 +135,8 @@ inline Tensor column_block(const Tensor& t, int64_t first, int64_t count, bool t
   const int64_t view_strides[] = {transposed ? strides[1] : strides[0],
                                   transposed ? strides[0] : strides[1]};
   AtenTensorHandle out = nullptr;
-  TORCH_ERROR_CODE_CHECK(
-      aoti_torch__reinterpret_tensor(t.get(), 2, sizes, view_strides, first * strides[1], &out));
+  LLTM_CHECK_TORCH(
+      aoti_torch__reinterpret_tensor(t.get(), 2, sizes, view_strides, first * strides[1], &out), "making a view of a tensor");
   return Tensor(out);
 }
 

@@ -107,7 +107,7 @@ Tensor as_rows(const Tensor& t, const SequenceSizes& n) {
   if (steps <= 1 || t.stride(0) == batch * t.stride(1)) {
     return reshaped_view(t, steps * batch, width, t.stride(1), t.stride(2));
   }
-  return reshaped_view(torch::stable::contiguous(t), steps * batch, width, width, 1);
+  return reshaped_view(dense(t), steps * batch, width, width, 1);
 }
 
 // Blocks of batch rows, one per thread. Rows never interact in the
@@ -324,8 +324,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   Tensor gates_rows = as_rows(gates, n);
   // The GEMMs read the input and h0 as whole rows; c0 is read in place.
   Tensor x = as_rows(input, n);
-  if (x.stride(1) != 1) x = torch::stable::contiguous(x);
-  const Tensor h0 = torch::stable::contiguous(old_h);
+  if (x.stride(1) != 1) x = dense(x);
+  const Tensor h0 = dense(old_h);
   Tensor output_rows = as_rows(output, n);
   Tensor cells_rows = as_rows(cells, n);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_forward_cpu", AT_WRAP([&] {

@@ -42,8 +42,8 @@ Tensor concat_h_x(const Tensor& old_h, const Tensor& input, const Sizes& n) {
   Tensor x = new_matrix(input, n.batch, n.state + n.features);
   Tensor x_h = column_block(x, 0, n.state, false);
   Tensor x_x = column_block(x, n.state, n.features, false);
-  torch::stable::copy_(x_h, old_h);
-  torch::stable::copy_(x_x, input);
+  copy_into(x_h, old_h);
+  copy_into(x_x, input);
   return x;
 }
 
@@ -100,8 +100,7 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
     addmm_out(w_x, w_x, transposed(d_gates), input, 0.0);
   }
   if (want.bias) {
-    const int64_t batch_dim[] = {0};
-    grad_bias = torch::stable::sum(d_gates, torch::headeronly::IntHeaderOnlyArrayRef(batch_dim, 1));
+    grad_bias = column_sums(d_gates);
   }
   // grad_[old_h, input] = d_gates @ W, block by block, straight into the
   // outputs, each only when wanted.

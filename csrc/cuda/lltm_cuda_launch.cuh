@@ -10,7 +10,6 @@
 
 #include <cuda_runtime.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
-#include <torch/headeronly/util/shim_utils.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +17,8 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+
+#include "../lltm_errors.h"
 
 namespace lltm::cuda {
 
@@ -72,7 +73,8 @@ inline void check_launch(const char* kernel) {
 // which every torch >= 2.10 has.
 inline cudaStream_t current_stream(int32_t device_index) {
   void* stream = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream));
+  LLTM_CHECK_TORCH(aoti_torch_get_current_cuda_stream(device_index, &stream),
+                   "reading torch's current CUDA stream");
   return static_cast<cudaStream_t>(stream);
 }
 

@@ -130,12 +130,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
                             [&](int64_t first, int64_t count, const Tensor& h_prev) {
                               Tensor to = column_block(row_block(*step_input, first, count), 0,
                                                        S, false);
-                              torch::stable::copy_(to, h_prev);
+                              copy_into(to, h_prev);
                             });
       Tensor in = row_block(*step_input, 0, size);
       if (n.features > 0) {
         Tensor to = column_block(in, S, n.features, false);
-        torch::stable::copy_(to, row_block(x, start, size));
+        copy_into(to, row_block(x, start, size));
       }
       Tensor g = row_block(gates_rows, start, size);
       addmm_out(g, bias, in, transposed(weights), 1.0);
@@ -168,13 +168,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
       const int64_t size = schedule.sizes[t];
       if (size <= gathered) continue;
       Tensor to = row_block(*final_state, gathered, size - gathered);
-      torch::stable::copy_(to, row_block(*steps_data, schedule.starts[t] + gathered,
+      copy_into(to, row_block(*steps_data, schedule.starts[t] + gathered,
                                          size - gathered));
       gathered = size;
     }
     if (gathered < n.batch) {  // rows that had no step: their initial state
       Tensor to = row_block(*final_state, gathered, n.batch - gathered);
-      torch::stable::copy_(to, row_block(*initial, gathered, n.batch - gathered));
+      copy_into(to, row_block(*initial, gathered, n.batch - gathered));
     }
   }
   return {output, h_n, c_n, gates, cells};
@@ -256,9 +256,9 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   Tensor grad_c = new_matrix(input, n.batch, S);
   for (auto [from, to] : {std::pair{&grad_h_n, &grad_h}, {&grad_c_n, &grad_c}}) {
     if (from->has_value()) {
-      torch::stable::copy_(*to, **from);
+      copy_into(*to, **from);
     } else {
-      torch::stable::zero_(*to);
+      fill_zeros(*to);
     }
   }
   Tensor d_gates = new_matrix(input, n.rows, 3 * S);
@@ -294,18 +294,17 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                             [&](int64_t first, int64_t count, const Tensor& h_prev) {
                               Tensor to = column_block(row_block(x, start + first, count), 0, S,
                                                        false);
-                              torch::stable::copy_(to, h_prev);
+                              copy_into(to, h_prev);
                             });
     }
     if (n.rows > 0 && n.features > 0) {
       Tensor to = column_block(x, S, n.features, false);
-      torch::stable::copy_(to, as_rows(dense(input), n, n.features));
+      copy_into(to, as_rows(dense(input), n, n.features));
     }
     addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
   }
   if (want.bias) {
-    const int64_t rows_dim[] = {0};
-    grad_bias = torch::stable::sum(d_gates, torch::headeronly::IntHeaderOnlyArrayRef(rows_dim, 1));
+    grad_bias = column_sums(d_gates);
   }
   if (want.input) {
     grad_input = new_sequence_tensor(input, n, n.features);

@@ -5,6 +5,8 @@
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 #include <torch/csrc/stable/tensor.h>
 
+#include "../lltm_errors.h"
+
 namespace lltm::cuda {
 
 using torch::stable::Tensor;
@@ -12,8 +14,8 @@ using torch::stable::Tensor;
 // out = beta * self + mat1 @ mat2 (self may alias out), on the current stream.
 inline void addmm_out(Tensor& out, const Tensor& self, const Tensor& mat1, const Tensor& mat2,
                       double beta) {
-  TORCH_ERROR_CODE_CHECK(
-      aoti_torch_cuda_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0));
+  LLTM_CHECK_TORCH(aoti_torch_cuda_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0),
+                   "the matrix product (torch's addmm, cuBLAS)");
 }
 
 }  // namespace lltm::cuda

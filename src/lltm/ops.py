@@ -48,6 +48,18 @@ backward = torch.ops.lltm.backward.default
 _below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", contextlib.nullcontext)
 
 
+def _typed(error: RuntimeError) -> RuntimeError:
+    """The error to raise for a kernel's RuntimeError: a CUDA out-of-memory
+    as torch.OutOfMemoryError, which tools that shrink a batch on memory
+    pressure catch (no exception type crosses the stable ABI, torch's text
+    does: csrc/lltm_errors.h); anything else as it is."""
+    if "out of memory" in str(error) and not isinstance(error, torch.OutOfMemoryError):
+        typed = torch.OutOfMemoryError(str(error))
+        typed.__cause__ = error
+        return typed
+    return error
+
+
 @torch.library.register_fake("lltm::forward")
 def _forward_fake(
     input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
@@ -121,9 +133,12 @@ def _backward(
         # autograd would silently treat its result as a constant.
         return _recomputed_backward(ctx, (input, weights, bias, old_h, old_cell), grad_h, grad_cell)
     # Only the gradients autograd asks for are computed; the rest are None.
-    return backward(
-        grad_h, grad_cell, new_cell, gates, input, old_h, weights, list(ctx.needs_input_grad)
-    )
+    try:
+        return backward(
+            grad_h, grad_cell, new_cell, gates, input, old_h, weights, list(ctx.needs_input_grad)
+        )
+    except RuntimeError as error:
+        raise _typed(error) from None
 
 
 def _recomputed_backward(
@@ -180,17 +195,20 @@ def cell(
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
         return new_h, new_cell
-    if torch.is_grad_enabled() and (
-        input.requires_grad
-        or weights.requires_grad
-        or bias.requires_grad
-        or old_h.requires_grad
-        or old_cell.requires_grad
-    ):
-        return _Cell.apply(input, weights, bias, old_h, old_cell)
-    with _below_autograd():
-        new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
-    return new_h, new_cell
+    try:
+        if torch.is_grad_enabled() and (
+            input.requires_grad
+            or weights.requires_grad
+            or bias.requires_grad
+            or old_h.requires_grad
+            or old_cell.requires_grad
+        ):
+            return _Cell.apply(input, weights, bias, old_h, old_cell)
+        with _below_autograd():
+            new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
+        return new_h, new_cell
+    except RuntimeError as error:
+        raise _typed(error) from None
 
 
 # --- Sequences ----------------------------------------------------------------------
@@ -299,20 +317,23 @@ def _sequence_backward(
             )
         )
         return (*(next(grads) if need else None for need in needed), None, None)
-    grads = sequence_backward(
-        grad_output,
-        grad_h_n,
-        grad_c_n,
-        output,
-        gates,
-        cells,
-        input,
-        weights,
-        old_h,
-        batch_sizes,
-        ctx.reverse,
-        needed,
-    )
+    try:
+        grads = sequence_backward(
+            grad_output,
+            grad_h_n,
+            grad_c_n,
+            output,
+            gates,
+            cells,
+            input,
+            weights,
+            old_h,
+            batch_sizes,
+            ctx.reverse,
+            needed,
+        )
+    except RuntimeError as error:
+        raise _typed(error) from None
     return (*grads, None, None)
 
 
@@ -364,13 +385,16 @@ def sequence(
     args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return sequence_forward(*args)[:3]
-    if torch.is_grad_enabled() and (
-        input.requires_grad
-        or weights.requires_grad
-        or bias.requires_grad
-        or old_h.requires_grad
-        or old_cell.requires_grad
-    ):
-        return _Sequence.apply(*args)
-    with _below_autograd():
-        return sequence_forward(*args)[:3]
+    try:
+        if torch.is_grad_enabled() and (
+            input.requires_grad
+            or weights.requires_grad
+            or bias.requires_grad
+            or old_h.requires_grad
+            or old_cell.requires_grad
+        ):
+            return _Sequence.apply(*args)
+        with _below_autograd():
+            return sequence_forward(*args)[:3]
+    except RuntimeError as error:
+        raise _typed(error) from None

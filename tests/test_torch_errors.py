@@ -1,0 +1,58 @@
+"""Failures inside torch, raised from lltm's kernels, keep torch's message.
+
+An allocation that cannot succeed is the failure every machine can produce:
+inputs broadcast (stride 0) to a huge batch cost no memory, the outputs would
+need terabytes. The error must say what lltm was doing and what torch said,
+not "API call failed at lltm_tensor.h, line N".
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lltm
+from lltm import ops
+
+HUGE = 2**38  # rows: the (HUGE, 3 * state) gates alone would be terabytes
+
+
+def _huge_cell_inputs():
+    x = torch.zeros(1, 3).expand(HUGE, 3)
+    h = torch.zeros(1, 4).expand(HUGE, 4)
+    return [x, torch.zeros(12, 7), torch.zeros(12), h, h]
+
+
+CALLS = {
+    "lltm_cell": lambda: lltm.lltm_cell(*_huge_cell_inputs()),
+    "op": lambda: torch.ops.lltm.forward(*_huge_cell_inputs()),
+    "lltm_sequence": lambda: lltm.lltm_sequence(
+        torch.zeros(1, 1, 3).expand(2, HUGE, 3),
+        torch.zeros(12, 7),
+        torch.zeros(12),
+        torch.zeros(1, 4).expand(HUGE, 4),
+        torch.zeros(1, 4).expand(HUGE, 4),
+    ),
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_allocation_failure_says_out_of_memory_in_torchs_words(call):
+    with pytest.raises(RuntimeError) as info:
+        CALLS[call]()
+    message = str(info.value)
+    assert message.startswith("lltm: allocating an output tensor failed: "), message
+    # torch's own text (CPU allocator), not a file and line of lltm's source.
+    assert "can't allocate memory" in message, message
+    assert "API call failed" not in message, message
+
+
+def test_cuda_out_of_memory_becomes_torch_out_of_memory_error():
+    # What a CUDA out-of-memory reaching Python from a kernel looks like:
+    # a RuntimeError with the caching allocator's text.
+    text = "lltm: allocating an output tensor failed: CUDA out of memory. Tried to allocate 2 GiB."
+    typed = ops._typed(RuntimeError(text))
+    assert isinstance(typed, torch.OutOfMemoryError) and isinstance(typed, RuntimeError)
+    assert str(typed) == text
+    other = RuntimeError("lltm: the matrix product failed: CUBLAS_STATUS_INVALID_VALUE")
+    assert ops._typed(other) is other
