@@ -35,13 +35,26 @@ VARIANT = os.environ.get("LLTM_VARIANT", "cpu").strip().lower()
 TORCH_TARGET_VERSION = "0x020a000000000000"
 PY_LIMITED_API = "0x030A0000"  # CPython 3.10
 
-# GPUs compiled for when TORCH_CUDA_ARCH_LIST is unset: Volta/Turing to
-# Blackwell, plus PTX of the newest for GPUs yet to come. CUDA 13 dropped
-# everything before Turing (sm_75).
+# GPUs compiled for when TORCH_CUDA_ARCH_LIST is unset, with the newest
+# toolkit of each CUDA major: Volta/Turing to Blackwell, plus PTX of the
+# newest for GPUs yet to come. CUDA 13 dropped everything before Turing
+# (sm_75). Older toolkits of a major get the part they know (ARCH_SINCE).
 DEFAULT_ARCH_LIST = {
     12: "7.0;7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX",
     13: "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX",
 }
+# The first nvcc release that knows an architecture, where that is later than
+# the first release of a major: Blackwell came with CUDA 12.8 (older nvcc
+# stops with "Unsupported gpu architecture 'compute_100'").
+ARCH_SINCE = {"10.0": (12, 8), "12.0": (12, 8)}
+
+
+def default_arch_list(major: int, minor: int) -> str:
+    """TORCH_CUDA_ARCH_LIST for nvcc major.minor: DEFAULT_ARCH_LIST[major]
+    without what that nvcc does not know, PTX on the newest that remains."""
+    archs = [a.removesuffix("+PTX") for a in DEFAULT_ARCH_LIST[major].split(";")]
+    known = [a for a in archs if ARCH_SINCE.get(a, (0, 0)) <= (major, minor)]
+    return ";".join(known[:-1] + [known[-1] + "+PTX"])
 
 MACROS = [
     ("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION),
@@ -123,8 +136,8 @@ def cpu_variant() -> dict:
     )
 
 
-def cuda_toolkit_major() -> int:
-    """CUDA major version of the toolkit torch's build helpers will use."""
+def cuda_toolkit_version() -> tuple[int, int]:
+    """(major, minor) of the CUDA toolkit torch's build helpers will use."""
     cuda_home = cpp_extension.CUDA_HOME
     if cuda_home is None:
         raise SystemExit(
@@ -138,7 +151,7 @@ def cuda_toolkit_major() -> int:
     match = re.search(r"release (\d+)\.(\d+)", out.stdout)
     if match is None:
         raise SystemExit(f"cannot read the CUDA version from {nvcc} --version")
-    return int(match.group(1))
+    return int(match.group(1)), int(match.group(2))
 
 
 def _torch_cuda_version() -> str | None:
@@ -148,7 +161,7 @@ def _torch_cuda_version() -> str | None:
 
 
 def cuda_variant() -> dict:
-    major = cuda_toolkit_major()
+    major, minor = cuda_toolkit_version()
     if major not in DEFAULT_ARCH_LIST:
         raise SystemExit(f"CUDA {major}.x is not supported; use CUDA 12 or 13")
     torch_cuda = _torch_cuda_version()
@@ -157,7 +170,7 @@ def cuda_variant() -> dict:
             f"LLTM_VARIANT=cuda: the CUDA toolkit is {major}.x but torch was built "
             f"with CUDA {torch_cuda}; install a torch built for CUDA {major}.x"
         )
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST[major])
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_arch_list(major, minor))
     package = f"lltm_cuda{major}"
     ext = cpp_extension.CUDAExtension(
         f"{package}._C",
