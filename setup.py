@@ -180,7 +180,15 @@ def cuda_variant() -> dict:
             "csrc/cuda/module.cpp",
         ],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).
-        define_macros=[*MACROS, ("USE_CUDA", None), ("LLTM_VERSION", VERSION)],
+        define_macros=[
+            *MACROS,
+            ("USE_CUDA", None),
+            ("LLTM_VERSION", VERSION),
+            # For diagnostics only (lltm info): the runtime decides what runs.
+            # "/" between entries: ";" would end the command line's shell
+            # command, "," the preprocessor macro's argument.
+            ("LLTM_CUDA_ARCHS", "/".join(os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split())),
+        ],
         extra_compile_args={
             # No --use_fast_math: the float64 path must stay IEEE double.
             "nvcc": ["-O3", "-std=c++17", "-lineinfo"],

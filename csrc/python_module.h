@@ -1,8 +1,9 @@
-// A Python extension module with no functions: importing it loads the shared
-// library, whose static initialisers register lltm's operators with torch.
+// A Python extension module: importing it loads the shared library, whose
+// static initialisers register lltm's operators with torch.
 //
 // Plain CPython limited API (no pybind11) so that one cp310-abi3 binary serves
-// every CPython >= 3.10. The module carries a few build facts as constants.
+// every CPython >= 3.10. The module carries a few build facts as constants
+// and, for the CUDA plugin, a function or two of diagnostics.
 #pragma once
 
 #include <Python.h>
@@ -12,10 +13,12 @@
 #define LLTM_STRINGIFY_(x) #x
 #define LLTM_STRINGIFY(x) LLTM_STRINGIFY_(x)
 
-// Defines PyInit_<name> for a module that carries `extra` string constants.
-#define LLTM_DEFINE_PYTHON_MODULE(name, add_constants)                     \
+// Defines PyInit_<name> for a module with the functions of `methods` (a
+// PyMethodDef table, or nullptr) and the constants that add_constants(module)
+// adds.
+#define LLTM_DEFINE_PYTHON_MODULE(name, add_constants, methods)            \
   static struct PyModuleDef lltm_module_def = {                            \
-      PyModuleDef_HEAD_INIT, #name, "lltm operator library", -1, nullptr}; \
+      PyModuleDef_HEAD_INIT, #name, "lltm operator library", -1, methods}; \
   PyMODINIT_FUNC PyInit_##name(void) {                                     \
     PyObject* module = PyModule_Create(&lltm_module_def);                  \
     if (module == nullptr) return nullptr;                                 \

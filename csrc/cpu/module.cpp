@@ -7,5 +7,5 @@ static bool add_constants(PyObject* module) {
 }
 
 extern "C" {
-LLTM_DEFINE_PYTHON_MODULE(_C, add_constants)
+LLTM_DEFINE_PYTHON_MODULE(_C, add_constants, nullptr)
 }

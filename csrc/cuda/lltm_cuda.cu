@@ -22,11 +22,13 @@
 #include <torch/headeronly/util/Half.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "../lltm_checks.h"
 #include "../lltm_tensor.h"
+#include "lltm_cuda_device.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_pointwise.cuh"
 #include "lltm_cuda_torch_ops.cuh"
@@ -117,6 +119,30 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
 }
 
 }  // namespace
+
+std::string kernel_image_problem(int device) {
+  int current = 0;
+  cudaError_t error = cudaGetDevice(&current);
+  if (error == cudaSuccess) error = cudaSetDevice(device);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("cannot select the device: ") + cudaGetErrorString(error);
+  }
+  // Loads the module's code for this device: fails where there is neither
+  // code for its architecture nor PTX the driver can compile for it.
+  cudaFuncAttributes attributes;
+  error = cudaFuncGetAttributes(&attributes,
+                                reinterpret_cast<const void*>(&forward_kernel<float, 1>));
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  cudaSetDevice(current);
+  cudaGetLastError();  // none of this may linger for the next launch
+  if (error == cudaSuccess) return "";
+  return "no code for this GPU (sm_" + std::to_string(major) + std::to_string(minor) +
+         "): " + cudaGetErrorString(error);
+}
+
 }  // namespace lltm::cuda
 
 STABLE_TORCH_LIBRARY_IMPL(lltm, CUDA, m) {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -159,6 +160,45 @@ def has_native_kernel(device_type: str, op: str = "lltm::forward") -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
     except (AttributeError, RuntimeError):  # private API; be conservative
         return device_type == "cpu" or (device_type == "cuda" and PLUGIN.loaded)
+
+
+# Per CUDA device: "" when the plugin's kernels run there, else why not.
+_device_problems: dict[int, str] = {}
+
+
+def device_problem(index: int) -> str:
+    """Why the loaded plugin's kernels cannot run on CUDA device `index` (no
+    code for its architecture, compiled or as PTX the driver can JIT), or "".
+    Asked of the plugin once per device; creates that device's context."""
+    known = _device_problems.get(index)
+    if known is not None:
+        return known
+    native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
+    probe = getattr(native, "kernel_image_problem", None)
+    problem = probe(index) if probe is not None else ""
+    with _warn_lock:
+        first = index not in _device_problems
+        _device_problems[index] = problem
+    if problem and first:
+        archs = getattr(native, "cuda_archs", "?").replace("/", ";")
+        warnings.warn(
+            f"lltm: {PLUGIN.module} cannot run on cuda:{index}: {problem}; CUDA tensors on "
+            "that device run the composite PyTorch implementation. For the fused kernels "
+            f"there, build {PLUGIN.module.replace('_', '-')} with its compute capability in "
+            f"TORCH_CUDA_ARCH_LIST (this one has {archs})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return problem
+
+
+@torch.compiler.assume_constant_result
+def fused_kernels_run_on(index: int) -> bool:
+    """False where lltm's CUDA plugin is loaded but cannot run on device
+    `index`: its callers then use the composite kernel for that device's
+    tensors. (Without a loaded plugin the dispatcher already does.) A
+    constant for torch.compile: a graph is traced for one device."""
+    return not PLUGIN.loaded or not device_problem(index)
 
 
 def cuda_status() -> tuple[bool, str]:

@@ -47,6 +47,12 @@ def collect() -> dict[str, Any]:
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available()
         else [],
+        # Per device: "" when the fused kernels run there, else why not.
+        "cuda_device_problems": [
+            _backends.device_problem(i) for i in range(torch.cuda.device_count())
+        ]
+        if cuda_ok
+        else [],
     }
 
 
@@ -66,7 +72,14 @@ def render(info: dict[str, Any]) -> str:
     ]
     if info["cuda_fix"]:
         rows.append(("to enable CUDA", info["cuda_fix"]))
-    rows += [(f"cuda:{i}", name) for i, name in enumerate(info["cuda_devices"])]
+    problems = info["cuda_device_problems"] or [None] * len(info["cuda_devices"])
+    for i, (name, problem) in enumerate(zip(info["cuda_devices"], problems, strict=True)):
+        if problem is None:
+            rows.append((f"cuda:{i}", name))
+        elif problem:
+            rows.append((f"cuda:{i}", f"{name}: composite kernels ({problem})"))
+        else:
+            rows.append((f"cuda:{i}", f"{name}: fused kernels"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

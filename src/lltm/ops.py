@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 # Importing _C registers the operators.
-from . import _C, _composite, reference  # noqa: F401
+from . import _C, _backends, _composite, reference  # noqa: F401
 from ._checks import (
     SequenceSizes,
     check_backward_args,
@@ -192,6 +192,11 @@ def cell(
     which they trace; in eager mode, the faster autograd.Function above, or
     the bare kernel when nothing needs a gradient.
     """
+    if input.is_cuda and not _backends.fused_kernels_run_on(input.get_device()):
+        # A GPU the CUDA plugin has no code for: plain torch ops, differentiated
+        # by autograd (one warning, from _backends).
+        new_h, new_cell, _gates = _composite.forward(input, weights, bias, old_h, old_cell)
+        return new_h, new_cell
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
         return new_h, new_cell
@@ -383,6 +388,8 @@ def sequence(
     nothing needs a gradient.
     """
     args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+    if input.is_cuda and not _backends.fused_kernels_run_on(input.get_device()):
+        return _composite.sequence_forward(*args)[:3]  # as in cell()
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return sequence_forward(*args)[:3]
     try:
