@@ -6,7 +6,8 @@ The slow tests install the real wheels into real environments (no mocks):
 * the CPU wheel alone, next to a CUDA build of torch: the plugin is missing;
 * both wheels next to a CPU-only torch: the plugin cannot be used;
 * both wheels next to a CUDA torch on this GPU-less machine: the plugin loads;
-* both wheels with the plugin's library truncated: the load fails, loudly.
+* both wheels with a damaged library (the plugin's, lltm's own): never loaded,
+  a damaged plugin leaves lltm usable, a damaged lltm says what to reinstall.
 
 Wheels come from $LLTM_TEST_WHEELS (a folder holding both, e.g. dist/) or are
 built here from a clean copy of the source tree. The environments are cached
@@ -298,20 +299,71 @@ def test_both_wheels_with_cuda_torch_load_the_plugin(cuda_torch_env, wheels):
     assert version.split()[0] == VERSION
 
 
+def _damage(library: Path, how: str) -> None:
+    """Truncated to one page (what an interrupted copy leaves: dlopen accepts
+    its headers, then the loader faults past the end of the file with
+    SIGBUS), or one byte changed in the middle (same size)."""
+    if how == "truncated":
+        with library.open("r+b") as f:
+            f.truncate(4096)
+    else:
+        data = bytearray(library.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        library.write_bytes(bytes(data))
+
+
+def _run_python(env: Env, code: str) -> subprocess.CompletedProcess:
+    """`code` in the environment's Python, away from the source tree."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(
+        [str(env.python), "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=clean,
+        cwd=env.path,
+    )
+
+
+DAMAGE = {
+    "truncated": "is 4096 bytes where the installer wrote",
+    "flipped": "does not match the installer's sha256",
+}
+
+
 @pytest.mark.slow
-def test_truncated_plugin_library_leaves_lltm_usable(cuda_torch_env, wheels):
+@pytest.mark.parametrize("how", DAMAGE)
+def test_damaged_plugin_library_leaves_lltm_usable(cuda_torch_env, wheels, how):
     _install(cuda_torch_env, wheels.cpu, wheels.cuda)
     [library] = (cuda_torch_env.site_packages() / wheels.plugin).glob("_C*.so")
-    with library.open("r+b") as f:
-        f.truncate(100)
-    report = _probe(cuda_torch_env)
+    _damage(library, how)
+    report = _probe(cuda_torch_env)  # a crash while loading fails here
     info = report["info"]
     assert info["cuda_plugin"] == wheels.plugin
-    assert "failed to load" in info["cuda_status"]
+    assert f"{wheels.plugin} is damaged" in info["cuda_status"]
+    assert DAMAGE[how] in info["cuda_status"]
     assert info["kernels"]["cuda"] == "composite (fallback)"
     assert info["cuda_fix"] == (
         f"pip install --force-reinstall --no-deps '{wheels.plugin.replace('_', '-')}=={VERSION}'"
     )
     [warning] = report["lltm_warnings"]
-    assert warning.startswith("RuntimeWarning") and "failed to load" in warning
-    assert "failed to load" in cuda_torch_env.run("-m", "lltm", "info")
+    assert warning.startswith("RuntimeWarning") and "is damaged" in warning
+    assert "is damaged" in cuda_torch_env.run("-m", "lltm", "info")
+    # Imported directly, the plugin says the same instead of loading the file.
+    direct = _run_python(cuda_torch_env, f"import {wheels.plugin}")
+    assert direct.returncode == 1, direct
+    assert "ImportError" in direct.stderr and "is damaged" in direct.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGE)
+def test_damaged_lltm_library_raises_an_import_error(cpu_torch_env, wheels, how):
+    _install(cpu_torch_env, wheels.cpu)
+    [library] = (cpu_torch_env.site_packages() / "lltm").glob("_C*.so")
+    _damage(library, how)
+    result = _run_python(cpu_torch_env, "import lltm")
+    # An exception, not a signal: SIGBUS would be -7 (exit status 135).
+    assert result.returncode == 1, result
+    assert "ImportError: lltm: the installed library" in result.stderr
+    assert DAMAGE[how] in result.stderr
+    assert f"pip install --force-reinstall --no-deps 'lltm=={VERSION}'" in result.stderr

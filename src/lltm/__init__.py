@@ -8,11 +8,24 @@
 
 from __future__ import annotations
 
-# _backends loads the CUDA plugin when usable and registers the fallback kernel.
-from . import _backends, ops, reference  # noqa: F401
+from pathlib import Path as _Path
+
+from . import _integrity
 from ._version import __version__
-from .functional import lltm_cell, lltm_sequence
-from .module import LLTM, LLTMSequence
+
+# Before lltm/_C is loaded: a damaged copy could crash the interpreter.
+_library = _integrity.extension_file(_Path(__file__).parent)
+_damage = _library and _integrity.damage(_library, "lltm")
+if _damage:
+    raise ImportError(
+        f"lltm: the installed library {_library} is damaged ({_damage}). Reinstall it: "
+        f"pip install --force-reinstall --no-deps 'lltm=={__version__}'"
+    )
+
+# _backends loads the CUDA plugin when usable and registers the fallback kernel.
+from . import _backends, ops, reference  # noqa: E402,F401
+from .functional import lltm_cell, lltm_sequence  # noqa: E402
+from .module import LLTM, LLTMSequence  # noqa: E402
 
 __all__ = [
     "LLTM",
