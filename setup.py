@@ -54,7 +54,8 @@ def default_arch_list(major: int, minor: int) -> str:
     without what that nvcc does not know, PTX on the newest that remains."""
     archs = [a.removesuffix("+PTX") for a in DEFAULT_ARCH_LIST[major].split(";")]
     known = [a for a in archs if ARCH_SINCE.get(a, (0, 0)) <= (major, minor)]
-    return ";".join(known[:-1] + [known[-1] + "+PTX"])
+    return ";".join([*known[:-1], known[-1] + "+PTX"])
+
 
 MACROS = [
     ("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION),
@@ -187,7 +188,10 @@ def cuda_variant() -> dict:
             # For diagnostics only (lltm info): the runtime decides what runs.
             # "/" between entries: ";" would end the command line's shell
             # command, "," the preprocessor macro's argument.
-            ("LLTM_CUDA_ARCHS", "/".join(os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split())),
+            (
+                "LLTM_CUDA_ARCHS",
+                "/".join(os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split()),
+            ),
         ],
         extra_compile_args={
             # No --use_fast_math: the float64 path must stay IEEE double.

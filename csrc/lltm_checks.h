@@ -197,18 +197,10 @@ inline void check_batch_sizes_tensor(const Tensor& batch_sizes) {
   }
 }
 
-// The checks every sequence kernel (and the fake kernel) makes: dtypes,
-// devices and shapes. The values of batch_sizes are checked by
-// sequence_batch_sizes(), where they are read.
-inline SequenceSizes check_sequence_args(const Tensor& input, const Tensor& weights,
-                                         const Tensor& bias, const Tensor& old_h,
-                                         const Tensor& old_cell,
-                                         const std::optional<Tensor>& batch_sizes) {
-  check_supported_dtype(input);
-  check_same_dtype_and_device(input, "input", weights, "weights");
-  check_same_dtype_and_device(input, "input", bias, "bias");
-  check_same_dtype_and_device(input, "input", old_h, "old_h");
-  check_same_dtype_and_device(input, "input", old_cell, "old_cell");
+// The sizes of a sequence call, from input's layout (3-D, or packed 2-D with
+// batch_sizes) and old_h.
+inline SequenceSizes sequence_sizes(const Tensor& input, const Tensor& old_h,
+                                    const std::optional<Tensor>& batch_sizes) {
   if (old_h.dim() != 2) {
     fail("old_h must be 2-D (batch, state_size), got shape " + shape_str(old_h));
   }
@@ -234,6 +226,22 @@ inline SequenceSizes check_sequence_args(const Tensor& input, const Tensor& weig
     n.rows = n.steps * n.batch;
     n.features = input.size(2);
   }
+  return n;
+}
+
+// The checks every sequence kernel (and the fake kernel) makes: dtypes,
+// devices and shapes. The values of batch_sizes are checked by
+// sequence_batch_sizes(), where they are read.
+inline SequenceSizes check_sequence_args(const Tensor& input, const Tensor& weights,
+                                         const Tensor& bias, const Tensor& old_h,
+                                         const Tensor& old_cell,
+                                         const std::optional<Tensor>& batch_sizes) {
+  check_supported_dtype(input);
+  check_same_dtype_and_device(input, "input", weights, "weights");
+  check_same_dtype_and_device(input, "input", bias, "bias");
+  check_same_dtype_and_device(input, "input", old_h, "old_h");
+  check_same_dtype_and_device(input, "input", old_cell, "old_cell");
+  const SequenceSizes n = sequence_sizes(input, old_h, batch_sizes);
   check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
   check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)");
   check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
@@ -262,30 +270,8 @@ inline SequenceSizes check_sequence_backward_args(
   for (const auto& [t, name] : grads) {
     if (t->has_value()) check_same_dtype_and_device(input, "input", **t, name);
   }
-  if (old_h.dim() != 2) {
-    fail("old_h must be 2-D (batch, state_size), got shape " + shape_str(old_h));
-  }
-  SequenceSizes n{};
-  n.packed = batch_sizes.has_value();
-  n.state = old_h.size(1);
-  n.batch = old_h.size(0);
-  if (n.packed) {
-    check_batch_sizes_tensor(*batch_sizes);
-    if (input.dim() != 2) {
-      fail("input must be 2-D (sum(batch_sizes), input_features) when batch_sizes is given, got "
-           "shape " + shape_str(input));
-    }
-    n.steps = batch_sizes->size(0);
-    n.rows = input.size(0);
-    n.features = input.size(1);
-  } else {
-    if (input.dim() != 3) {
-      fail("input must be 3-D (seq_len, batch, input_features), got shape " + shape_str(input));
-    }
-    n.steps = input.size(0);
-    n.rows = n.steps * n.batch;
-    n.features = input.size(2);
-  }
+  const SequenceSizes n = sequence_sizes(input, old_h, batch_sizes);
+  check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
   check_sequence_layout(input, "input", n, n.features, "input_features");
   check_sequence_layout(output, "output", n, n.state, "state_size");
   check_sequence_layout(cells, "cells", n, n.state, "state_size");

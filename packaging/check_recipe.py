@@ -19,7 +19,6 @@ must make a GPU-less runner offer the __cuda virtual package to the CUDA jobs
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shlex
@@ -29,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 import gha
+import project_facts
 from rattler import VirtualPackage, VirtualPackageOverrides
 from rattler_build import (
     JinjaConfig,
@@ -58,22 +58,6 @@ BUILD_STRING = re.compile(
 # builds CUDA 13 against the glibc 2.28 sysroot (the c_stdlib_version of its
 # CUDA 13.0 migration), so its CUDA 13 packages need glibc 2.28 anyway.
 LINUX_STDLIB = {None: "2.17", 12: "2.17", 13: "2.28"}
-
-
-def project_version() -> str:
-    text = (ROOT / "src" / "lltm" / "_version.py").read_text()
-    return re.search(r'__version__ = "([^"]+)"', text).group(1)
-
-
-def setup_arch_lists() -> dict[int, str]:
-    """setup.py's DEFAULT_ARCH_LIST (read without importing setup.py)."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "DEFAULT_ARCH_LIST" for t in node.targets
-        ):
-            return ast.literal_eval(node.value)
-    raise AssertionError("setup.py has no DEFAULT_ARCH_LIST")
 
 
 def render(platform: str, variant_files: list[Path] = (VARIANTS,)) -> list:
@@ -157,8 +141,8 @@ def check_variant(
 
 
 def main() -> int:
-    version = project_version()
-    arch_lists = setup_arch_lists()
+    version = project_facts.version()
+    arch_lists = project_facts.arch_lists()
     total = 0
     # Build strings per platform and CUDA version (None for the CPU flavour).
     full: dict[str, dict[str, set[str]]] = {}

@@ -20,7 +20,6 @@ rest of the repository:
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import re
@@ -29,6 +28,7 @@ import subprocess
 import sys
 
 import gha
+import project_facts
 import yaml
 
 if sys.version_info >= (3, 11):
@@ -178,17 +178,6 @@ def check_path_filters() -> None:
         print(f"{name}: the pull-request paths cover all {len(wanted)} files its jobs read")
 
 
-def setup_arch_lists() -> dict[int, str]:
-    """setup.py's DEFAULT_ARCH_LIST (read without importing setup.py)."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "DEFAULT_ARCH_LIST" for t in node.targets
-        ):
-            return ast.literal_eval(node.value)
-    raise AssertionError("setup.py has no DEFAULT_ARCH_LIST")
-
-
 def index_cuda_major(url: str) -> int:
     """12 for https://download.pytorch.org/whl/cu126."""
     match = re.fullmatch(r"https://download\.pytorch\.org/whl/cu(\d+)(\d)", url)
@@ -208,7 +197,7 @@ def check_cuda_wheels() -> None:
     # The index each step installs torch from: the build's, then the test's.
     assert "$LLTM_TORCH_INDEX" in commands["before-build"], commands["before-build"]
     assert "LLTM_TEST_TORCH_INDEX" in commands["before-test"], commands["before-test"]
-    arch_lists = setup_arch_lists()
+    arch_lists = project_facts.arch_lists()
     majors = set()
     for job_id, job, matrix, env in gha.runs(workflow):
         steps = [s for s in job["steps"] if gha.action(s) == "pypa/cibuildwheel"]

@@ -232,6 +232,7 @@ def check_sequence_backward_args(
         if t is not None:
             _check_same(input, "input", t, name)
     n = _sequence_sizes(input, old_h, batch_sizes)
+    _check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)")
     _check_sequence_layout(input, "input", n, n.features, "input_features")
     _check_sequence_layout(output, "output", n, n.state, "state_size")
     _check_sequence_layout(cells, "cells", n, n.state, "state_size")

@@ -167,6 +167,20 @@ _library = torch.library.Library("lltm", "IMPL")
 _library.impl("backward", torch.library.fallthrough_kernel, "Autograd")
 
 
+def _needs_graph(
+    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+) -> bool:
+    """Whether autograd must record the call: grad mode on and some argument
+    requiring grad (else the bare kernel runs)."""
+    return torch.is_grad_enabled() and (
+        input.requires_grad
+        or weights.requires_grad
+        or bias.requires_grad
+        or old_h.requires_grad
+        or old_cell.requires_grad
+    )
+
+
 class _Cell(torch.autograd.Function):
     """lltm::forward with the formula above, for eager calls (see the module
     docstring). `gates` is saved, not returned: it is no output here."""
@@ -201,13 +215,7 @@ def cell(
         new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
         return new_h, new_cell
     try:
-        if torch.is_grad_enabled() and (
-            input.requires_grad
-            or weights.requires_grad
-            or bias.requires_grad
-            or old_h.requires_grad
-            or old_cell.requires_grad
-        ):
+        if _needs_graph(input, weights, bias, old_h, old_cell):
             return _Cell.apply(input, weights, bias, old_h, old_cell)
         with _below_autograd():
             new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
@@ -393,13 +401,7 @@ def sequence(
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return sequence_forward(*args)[:3]
     try:
-        if torch.is_grad_enabled() and (
-            input.requires_grad
-            or weights.requires_grad
-            or bias.requires_grad
-            or old_h.requires_grad
-            or old_cell.requires_grad
-        ):
+        if _needs_graph(input, weights, bias, old_h, old_cell):
             return _Sequence.apply(*args)
         with _below_autograd():
             return sequence_forward(*args)[:3]

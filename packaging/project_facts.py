@@ -1,0 +1,27 @@
+"""Facts of the project the packaging checks compare against, read from the
+source (setup.py, src/lltm/_version.py) without importing or running it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def version() -> str:
+    """lltm's version, as src/lltm/_version.py states it."""
+    text = (ROOT / "src" / "lltm" / "_version.py").read_text()
+    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+
+
+def arch_lists() -> dict[int, str]:
+    """setup.py's DEFAULT_ARCH_LIST: the architectures per CUDA major."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "DEFAULT_ARCH_LIST" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no DEFAULT_ARCH_LIST")
