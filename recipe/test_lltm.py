@@ -10,15 +10,34 @@ import lltm
 from lltm import reference
 
 
+def _loop(input, weights, bias, old_h, old_cell):
+    """The reference cell over the steps of `input`."""
+    outputs = []
+    for step in input:
+        old_h, old_cell = reference.lltm_cell(step, weights, bias, old_h, old_cell)
+        outputs.append(old_h)
+    return torch.stack(outputs), old_h, old_cell
+
+
+def _compare(out, expected, args) -> None:
+    torch.testing.assert_close(out, expected)
+    # Weighted sums: a swapped or misrouted gradient changes the result.
+    weights = [torch.linspace(0.5, 1.5, t.numel(), device=t.device).view(t.shape) for t in out]
+    grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(out, weights, strict=True)), args)
+    expected_grads = torch.autograd.grad(
+        sum((t * w).sum() for t, w in zip(expected, weights, strict=True)), args
+    )
+    torch.testing.assert_close(grads, expected_grads)
+
+
 def check(device: str) -> None:
     args = reference.example_inputs(4, 8, 16, device=device, requires_grad=True)
-    out = lltm.lltm_cell(*args)
-    expected = reference.lltm_cell(*args)
-    torch.testing.assert_close(out, expected)
-    grads = torch.autograd.grad(sum(t.sum() for t in out), args)
-    expected_grads = torch.autograd.grad(sum(t.sum() for t in expected), args)
-    torch.testing.assert_close(grads, expected_grads)
-    print(f"lltm {lltm.__version__}: {device} output and gradients match the reference")
+    _compare(lltm.lltm_cell(*args), reference.lltm_cell(*args), args)
+    sequence = torch.randn(5, 4, 8, dtype=torch.float64, device=device, requires_grad=True)
+    seq_args = [sequence, *args[1:]]
+    output, (h_n, c_n) = lltm.lltm_sequence(*seq_args)
+    _compare((output, h_n, c_n), _loop(*seq_args), seq_args)
+    print(f"lltm {lltm.__version__}: {device} cell and sequence match the reference")
 
 
 check("cpu")

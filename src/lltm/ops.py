@@ -1,4 +1,6 @@
-"""The ``lltm::forward`` / ``lltm::backward`` operators seen from Python.
+"""lltm's operators seen from Python: the cell (``lltm::forward`` /
+``lltm::backward``) and the sequence (``lltm::sequence_forward`` /
+``lltm::sequence_backward``).
 
 Importing this module loads the compiled library (``lltm._C``), whose static
 initialisers declare the op schemas and register the CPU kernels. Here the
@@ -10,9 +12,10 @@ public ``torch.library`` API adds what is not a kernel:
   the op without running it, with the same argument checks as the C++ side
   (lltm/_checks.py mirrors csrc/lltm_checks.h).
 
-The same formula also backs :func:`cell`, the eager entry point of
-``lltm.lltm_cell``: a plain ``torch.autograd.Function`` that calls the kernels
-below the autograd dispatch key. It computes exactly what the registered
+The same formulas also back :func:`cell` and :func:`sequence`, the eager
+entry points of ``lltm.lltm_cell`` and ``lltm.lltm_sequence``: plain
+``torch.autograd.Function`` classes that call the kernels below the autograd
+dispatch key. It computes exactly what the registered
 formula computes (the same two functions below), minus the cost of
 ``register_autograd``'s generic wrapper (argument re-binding, a second trip
 through the dispatcher), which at the tutorial's size is a third of the cell's
