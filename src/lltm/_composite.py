@@ -52,10 +52,12 @@ def backward(
     i, o, g = gates.chunk(3, dim=1)
     t = torch.tanh(new_cell)
     d_cell = grad_h * o * (1 - t * t) + grad_cell
+    # Factors in the order of torch's own derivatives (sigmoid's is
+    # grad * (1 - y) * y), so that NaN and inf come out where they do there.
     d_gates = torch.cat(
         [
-            d_cell * g * i * (1 - i),
-            grad_h * t * o * (1 - o),
+            d_cell * g * (1 - i) * i,
+            grad_h * t * (1 - o) * o,
             d_cell * i * torch.where(g > 0, torch.ones_like(g), g + 1),
         ],
         dim=1,
@@ -170,8 +172,8 @@ def sequence_backward(
         d_cell = grad_h * o * (1 - t * t) + dc[:size]
         step = torch.cat(
             [
-                d_cell * g * i * (1 - i),
-                grad_h * t * o * (1 - o),
+                d_cell * g * (1 - i) * i,
+                grad_h * t * (1 - o) * o,
                 d_cell * i * torch.where(g > 0, torch.ones_like(g), g + 1),
             ],
             dim=1,
