@@ -7,10 +7,14 @@ into a bug report.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import json
 import platform
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,11 +22,96 @@ import torch
 from . import _C, _backends
 from ._version import __version__
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
 
 def _target_version(code: str) -> str:
     """0x020a000000000000 -> '2.10'."""
     value = int(code, 16)
     return f"{value >> 56}.{(value >> 48) & 0xFF}"
+
+
+def _installed_distribution() -> metadata.Distribution | None:
+    try:
+        return metadata.distribution("lltm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _record_hash(path: Path) -> str:
+    """A file's hash as a wheel's RECORD writes it."""
+    digest = hashlib.sha256(path.read_bytes()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _newest_source(root: Path) -> Path | None:
+    sources = [p for p in (root / "csrc").rglob("*") if p.suffix in (".h", ".cpp", ".cu", ".cuh")]
+    return max(sources, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def provenance() -> dict[str, Any]:
+    """Where lltm and its compiled library were imported from, and whether
+    they are what the user most likely meant to run.
+
+    Problems found: an installed distribution shadowed by another copy of
+    the package earlier on sys.path (a source checkout, ``src/`` on
+    PYTHONPATH); a compiled library built from another lltm version, older
+    than the C++ sources next to it (a stale in-place build), or changed
+    since the wheel installed it.
+    """
+    library = Path(_C.__file__).resolve()
+    built_from = getattr(_C, "lltm_version", None)
+    problems: list[str] = []
+    dist = _installed_distribution()
+    installed_dir: Path | None = None
+    mode = "source tree, not installed"
+    record: dict[str, str] = {}
+    if dist is not None:
+        files = {f.as_posix(): f for f in dist.files or []}
+        if "lltm/__init__.py" in files:
+            installed_dir = Path(dist.locate_file(files["lltm/__init__.py"])).resolve().parent
+            record = {name: f.hash.value for name, f in files.items() if f.hash is not None}
+            mode = f"installed: lltm {dist.version} at {installed_dir}"
+        else:
+            mode = f"editable install of lltm {dist.version}"
+    if installed_dir is not None and installed_dir != PACKAGE_DIR:
+        problems.append(
+            f"lltm is imported from {PACKAGE_DIR}, which shadows the installed lltm "
+            f"{dist.version} at {installed_dir} (a source tree earlier on sys.path, e.g. src/ on "
+            "PYTHONPATH or the current directory): run from elsewhere, or unset PYTHONPATH"
+        )
+    if built_from is None:
+        problems.append(
+            f"{library.name} carries no version: a build of an older lltm; rebuild it "
+            "(python setup.py build_ext --inplace) or reinstall lltm"
+        )
+    elif built_from != __version__:
+        problems.append(
+            f"{library} was built from lltm {built_from} but the Python package is lltm "
+            f"{__version__}: rebuild it (python setup.py build_ext --inplace) or reinstall lltm"
+        )
+    if installed_dir is not None and installed_dir == PACKAGE_DIR:
+        name = library.relative_to(installed_dir.parent).as_posix()
+        if name in record and record[name] != _record_hash(library).removeprefix("sha256="):
+            problems.append(
+                f"{library} differs from the file the lltm wheel installed (RECORD): "
+                "reinstall with pip install --force-reinstall --no-deps lltm"
+            )
+    else:
+        # A source tree: the library should be newer than every C++ source.
+        newest = _newest_source(PACKAGE_DIR.parent.parent)
+        if newest is not None and newest.stat().st_mtime > library.stat().st_mtime:
+            problems.append(
+                f"{library} is older than {newest}: a stale in-place build; rebuild it "
+                "(python setup.py build_ext --inplace)"
+            )
+    return {
+        "package": str(PACKAGE_DIR),
+        "library": str(library),
+        "library_version": built_from,
+        "install": mode,
+        "problems": problems,
+    }
 
 
 def collect() -> dict[str, Any]:
@@ -47,12 +136,15 @@ def collect() -> dict[str, Any]:
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available()
         else [],
+        **provenance(),
     }
 
 
 def render(info: dict[str, Any]) -> str:
     rows = [
         ("lltm", info["lltm"]),
+        ("package", f"{info['package']} ({info['install']})"),
+        ("library", info["library"]),
         ("torch", f"{info['torch']} (CUDA {info['torch_cuda'] or 'none'})"),
         ("Python", f"{info['python']} on {info['platform']}"),
         ("stable ABI target", f"torch >= {info['torch_abi_target']}"),
@@ -67,6 +159,7 @@ def render(info: dict[str, Any]) -> str:
     if info["cuda_fix"]:
         rows.append(("to enable CUDA", info["cuda_fix"]))
     rows += [(f"cuda:{i}", name) for i, name in enumerate(info["cuda_devices"])]
+    rows += [("PROBLEM", problem) for problem in info["problems"]]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
