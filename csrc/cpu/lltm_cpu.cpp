@@ -144,11 +144,22 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor 
   Tensor new_cell = new_matrix(input, n.batch, n.state);
   const Tensor x = concat_h_x(old_h, input, n);
   // The GEMM writes the pre-activations (bias not yet added) into `gates`,
-  // which the pointwise pass then overwrites with the activations.
-  addmm_out(gates, gates, x, transposed(weights), /*beta=*/0.0);
+  // which the pointwise pass then overwrites with the activations. For
+  // 16-bit types the bias joins the GEMM instead, which sums in float and
+  // rounds once, as the reference's addmm does: rounded to 16 bits before a
+  // bias that nearly cancels it, a pre-activation keeps few correct digits.
+  const bool bias_in_gemm = input.element_size() == 2;
+  Tensor pointwise_bias = bias;
+  if (bias_in_gemm) {
+    addmm_out(gates, bias, x, transposed(weights), /*beta=*/1.0);
+    pointwise_bias = new_vector(input, 3 * n.state);
+    torch::stable::zero_(pointwise_bias);
+  } else {
+    addmm_out(gates, gates, x, transposed(weights), /*beta=*/0.0);
+  }
   THO_DISPATCH_V2(input.scalar_type(), "lltm_forward_cpu", AT_WRAP([&] {
-                    forward_pointwise<scalar_t>(gates, bias, old_cell, new_h, new_cell, n.batch,
-                                                n.state);
+                    forward_pointwise<scalar_t>(gates, pointwise_bias, old_cell, new_h, new_cell,
+                                                n.batch, n.state);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                   torch::headeronly::ScalarType::BFloat16);

@@ -252,17 +252,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   Tensor h_n = new_matrix(input, n.batch, n.state);
   Tensor c_n = new_matrix(input, n.batch, n.state);
   Tensor gates_rows = as_rows(gates, n);
+  // 16-bit types: the bias joins the input projection, summed in float and
+  // rounded once (as in the cell, lltm_cpu.cpp), not added to a
+  // pre-activation already rounded to 16 bits.
+  const bool bias_in_gemm = input.element_size() == 2;
+  Tensor pointwise_bias = bias;
+  if (bias_in_gemm) {
+    pointwise_bias = new_vector(input, 3 * n.state);
+    torch::stable::zero_(pointwise_bias);
+  }
   if (n.rows > 0 && n.state > 0) {
     // Every step's input projection at once, straight into `gates`.
-    addmm_out(gates_rows, gates_rows, as_rows(input, n),
-              transposed(column_block(weights, n.state, n.features, false)), 0.0);
+    addmm_out(gates_rows, bias_in_gemm ? bias : gates_rows, as_rows(input, n),
+              transposed(column_block(weights, n.state, n.features, false)),
+              bias_in_gemm ? 1.0 : 0.0);
   }
   // The GEMMs read h0 as whole rows; c0 is read in place, any strides.
   const Tensor h0 = torch::stable::contiguous(old_h);
   Tensor output_rows = as_rows(output, n);
   Tensor cells_rows = as_rows(cells, n);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_forward_cpu", AT_WRAP([&] {
-                    sequence_forward_steps<scalar_t>(n, schedule, weights, bias, h0, old_cell,
+                    sequence_forward_steps<scalar_t>(n, schedule, weights, pointwise_bias, h0,
+                                                     old_cell,
                                                      output_rows, gates_rows, cells_rows);
                     gather_final_state<scalar_t>(n, schedule, output_rows, old_h, h_n);
                     gather_final_state<scalar_t>(n, schedule, cells_rows, old_cell, c_n);

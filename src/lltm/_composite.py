@@ -25,16 +25,25 @@ from ._checks import (
 )
 
 
+def _math_type(t: Tensor) -> torch.dtype:
+    """The type the pointwise math runs in, as in the native kernels: float32
+    for 16-bit types (each op rounding to 16 bits would lose digits to every
+    1 - y and every sum), the type itself otherwise."""
+    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+
 def forward(
     input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     check_forward_args(input, weights, bias, old_h, old_cell)
-    pre = torch.addmm(bias, torch.cat([old_h, input], dim=1), weights.t())
+    math = _math_type(input)
+    pre = torch.addmm(bias, torch.cat([old_h, input], dim=1), weights.t()).to(math)
     pre_i, pre_o, pre_g = pre.chunk(3, dim=1)
     i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
-    new_cell = old_cell + g * i
+    new_cell = old_cell.to(math) + g * i
     new_h = torch.tanh(new_cell) * o
-    return new_h, new_cell, torch.cat([i, o, g], dim=1)
+    dtype = input.dtype
+    return new_h.to(dtype), new_cell.to(dtype), torch.cat([i, o, g], dim=1).to(dtype)
 
 
 def backward(
@@ -49,9 +58,11 @@ def backward(
 ) -> tuple[Tensor | None, ...]:
     state = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights)[2]
     want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
-    i, o, g = gates.chunk(3, dim=1)
-    t = torch.tanh(new_cell)
-    d_cell = grad_h * o * (1 - t * t) + grad_cell
+    math = _math_type(input)
+    i, o, g = gates.to(math).chunk(3, dim=1)
+    grad_h = grad_h.to(math)
+    t = torch.tanh(new_cell.to(math))
+    d_cell = grad_h * o * (1 - t * t) + grad_cell.to(math)
     # Factors in the order of torch's own derivatives (sigmoid's is
     # grad * (1 - y) * y), so that NaN and inf come out where they do there.
     d_gates = torch.cat(
@@ -62,12 +73,16 @@ def backward(
         ],
         dim=1,
     )
+    # grad_bias is summed in the math type; the products take d_gates in the
+    # input's type, as the native kernels' GEMMs do.
+    grad_bias = d_gates.sum(dim=0).to(input.dtype) if want_bias else None
+    d_gates = d_gates.to(input.dtype)
     return (
         d_gates @ weights[:, state:] if want_input else None,
         d_gates.t() @ torch.cat([old_h, input], dim=1) if want_weights else None,
-        d_gates.sum(dim=0) if want_bias else None,
+        grad_bias,
         d_gates @ weights[:, :state] if want_old_h else None,
-        d_cell if want_old_cell else None,
+        d_cell.to(input.dtype) if want_old_cell else None,
     )
 
 
@@ -165,11 +180,17 @@ def sequence_backward(
     dh = torch.zeros_like(old_h) if grad_h_n is None else grad_h_n
     dc = torch.zeros_like(old_h) if grad_c_n is None else grad_c_n
     d_gates: dict[int, Tensor] = {}
+    # As in the cell: pointwise math in float32 for 16-bit types; the
+    # running gradients and d_gates kept in the input's type between steps.
+    math, dtype = _math_type(input), input.dtype
+    grad_bias = torch.zeros(3 * n.state, dtype=math, device=input.device)
     for size, rows in reversed(steps):
-        grad_h = dh[:size] if grad_rows is None else dh[:size] + grad_rows[rows]
-        i, o, g = gate_rows[rows].chunk(3, dim=1)
-        t = torch.tanh(cell_rows[rows])
-        d_cell = grad_h * o * (1 - t * t) + dc[:size]
+        grad_h = dh[:size].to(math)
+        if grad_rows is not None:
+            grad_h = grad_h + grad_rows[rows].to(math)
+        i, o, g = gate_rows[rows].to(math).chunk(3, dim=1)
+        t = torch.tanh(cell_rows[rows].to(math))
+        d_cell = grad_h * o * (1 - t * t) + dc[:size].to(math)
         step = torch.cat(
             [
                 d_cell * g * (1 - i) * i,
@@ -178,16 +199,18 @@ def sequence_backward(
             ],
             dim=1,
         )
+        grad_bias += step.sum(dim=0)
+        step = step.to(dtype)
         d_gates[rows.start] = step
         dh = torch.cat([step @ w_h, dh[size:]])
-        dc = torch.cat([d_cell, dc[size:]])
+        dc = torch.cat([d_cell.to(dtype), dc[size:]])
     all_d_gates = _in_step_order(d_gates, n, 3 * n.state, input)
     x_rows = _rows(input, n)
     h_rows = _in_step_order(h_prev, n, n.state, input)
     return (
         _layout(all_d_gates @ weights[:, n.state :], n) if want_input else None,
         all_d_gates.t() @ torch.cat([h_rows, x_rows], dim=1) if want_weights else None,
-        all_d_gates.sum(dim=0) if want_bias else None,
+        grad_bias.to(dtype) if want_bias else None,
         (dh.clone() if dh is grad_h_n else dh) if want_old_h else None,
         (dc.clone() if dc is grad_c_n else dc) if want_old_cell else None,
     )
