@@ -65,14 +65,18 @@ def _settings(calls: int) -> settings:
 # rounding of the dtype. Where a call is ill-conditioned (saturated gates,
 # gradients that cancel in a sum) 16-bit arithmetic loses more than that, in
 # torch as in lltm: there lltm may be up to REFERENCE_FACTOR times as far from
-# the oracle as the reference computed in the same dtype.
+# the oracle as the reference computed in the same dtype. The two round at
+# different places (lltm once per step, the reference once per op), and a
+# recurrence amplifies either error at random: over 10,000 calls lltm's
+# float16 sequences came up to 4.2 times the reference's error (and as often
+# far below it), hence the factor.
 TOLERANCE = {
     torch.float64: 1e-11,
     torch.float32: 5e-5,
     torch.float16: 1e-2,
     torch.bfloat16: 6e-2,
 }
-REFERENCE_FACTOR = 2.0
+REFERENCE_FACTOR = 8.0
 
 
 @dataclass
