@@ -8,6 +8,11 @@ have more Pythons and torch versions than a developer machine:
     LLTM_NOX_TORCH     comma-separated torch versions   (default: 2.13.0,2.14.1)
     LLTM_BUILD_TORCH   torch the CPU wheel is built against (default: 2.13.0)
     LLTM_CUDA_TORCH    CUDA build of torch for the CUDA variant (default: 2.14.1)
+    LLTM_ABI3_PYTHONS  oldest and newest Python of the abi3 session (default: 3.10,3.13)
+    LLTM_ABI3_TORCH    torch of the abi3 session (default: 2.14.1)
+
+``nox -t tests`` covers the oldest and the newest Python the cp310-abi3 wheel
+promises (the abi3 session) besides the tests matrix.
 """
 
 from __future__ import annotations
@@ -36,9 +41,14 @@ TORCH_VERSIONS = _env_list("LLTM_NOX_TORCH", "2.13.0,2.14.1")
 BUILD_TORCH = os.environ.get("LLTM_BUILD_TORCH", "2.13.0")
 CUDA_TORCH = os.environ.get("LLTM_CUDA_TORCH", "2.14.1")
 BUILD_REQUIRES = PYPROJECT["build-system"]["requires"]
+OLDEST_PYTHON, NEWEST_PYTHON = _env_list("LLTM_ABI3_PYTHONS", "3.10,3.13")
+# For Pythons other than 3.11 the only torch wheels at hand are PyPI's CUDA
+# builds (several GB with their CUDA libraries); those of 2.14.1 are in the
+# local package mirror, so only torch itself is downloaded.
+ABI3_TORCH = os.environ.get("LLTM_ABI3_TORCH", "2.14.1")
 
 nox.options.default_venv_backend = "virtualenv"
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "abi3"]
 
 
 def _group(name: str) -> list[str]:
@@ -98,6 +108,45 @@ def compat(session: nox.Session) -> None:
     session.install(*_group("test"))
     session.run("python", "-m", "lltm", "info")
     session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session(python=OLDEST_PYTHON, tags=["tests"])
+def abi3(session: nox.Session) -> None:
+    """One wheel, every Python: the cp310-abi3 wheel built under the oldest
+    Python (LLTM_ABI3_PYTHONS, default 3.10) passes the tests there and,
+    installed unchanged, under the newest (default 3.13)."""
+    wheel = build_wheel(session, ABI3_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("test"))
+    session.run("python", "-m", "lltm", "info")
+    session.run("pytest", "-m", "not slow", *session.posargs)
+    python, env = _fresh_env(
+        session, f"py{NEWEST_PYTHON}-venv", interpreter=f"python{NEWEST_PYTHON}"
+    )
+    session.run(
+        python, "-m", "pip", "install", "--quiet", f"torch=={ABI3_TORCH}", str(wheel),
+        *_group("test"), env=env, external=True,
+    )  # fmt: skip
+    version = session.run(
+        python, "-c", "import sys; print(sys.version_info[:2])", env=env, external=True, silent=True
+    )
+    assert version.strip() == str(tuple(map(int, NEWEST_PYTHON.split(".")))), version
+    session.run(python, "-m", "lltm", "info", env=env, external=True)
+    session.run(python, "-m", "pytest", "-m", "not slow", *session.posargs, env=env, external=True)
+
+
+@nox.session(python=PYTHONS[0])
+def fuzz(session: nox.Session) -> None:
+    """Differential fuzzing against the reference (tests/test_fuzz.py), the
+    long profile: 10,000 calls. Prints the worst error per dtype and leaves it
+    as JSON in .nox/fuzz/tmp/fuzz-report.json."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("test"))
+    report = Path(session.create_tmp()) / "fuzz-report.json"
+    session.run(
+        "pytest", "-p", "no:cacheprovider", "tests/test_fuzz.py", *session.posargs,
+        env={"LLTM_FUZZ_PROFILE": "ci", "LLTM_FUZZ_REPORT": str(report)},
+    )  # fmt: skip
+    session.log(f"worst errors: {report}")
 
 
 @nox.session(python=PYTHONS[0])
@@ -198,16 +247,19 @@ def _command(value: str | list[str]) -> str:
     return value if isinstance(value, str) else " && ".join(value)
 
 
-def _fresh_env(session: nox.Session, name: str) -> tuple[str, dict[str, str]]:
-    """A new virtual environment, as cibuildwheel creates for its test step:
-    its interpreter, and the environment variables that activate it.
+def _fresh_env(
+    session: nox.Session, name: str, interpreter: str = "python"
+) -> tuple[str, dict[str, str]]:
+    """A new virtual environment, as cibuildwheel creates for its test step,
+    of the session's Python unless `interpreter` names another: its own
+    interpreter, and the environment variables that activate it.
 
     Commands meant for it name its interpreter: nox finds a bare "python"
     in the session's own environment first, whatever PATH says."""
     # Absolute: the test command runs from another directory.
     venv = Path(session.create_tmp()).resolve() / name
     shutil.rmtree(venv, ignore_errors=True)
-    session.run("python", "-m", "venv", str(venv))
+    session.run(interpreter, "-m", "venv", str(venv), external=interpreter != "python")
     bindir = venv / ("Scripts" if sys.platform == "win32" else "bin")
     env = {"VIRTUAL_ENV": str(venv), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
     python = str(bindir / "python")

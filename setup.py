@@ -21,10 +21,18 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import warnings
 from pathlib import Path
 
 from setuptools import find_packages, setup
-from torch.utils import cpp_extension
+
+with warnings.catch_warnings():
+    # Without numpy, importing torch warns "Failed to initialize NumPy". The
+    # build never converts between tensors and arrays, so build environments
+    # need no numpy: the warning is silenced here, for this message only,
+    # rather than numpy added to every build environment to avoid it.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    from torch.utils import cpp_extension
 
 ROOT = Path(__file__).parent.resolve()
 VERSION_FILE = (ROOT / "src/lltm/_version.py").read_text()
@@ -116,7 +124,7 @@ def cpu_variant() -> dict:
             "csrc/cpu/lltm_cpu_sequence.cpp",
             "csrc/cpu/module.cpp",
         ],
-        define_macros=MACROS,
+        define_macros=[*MACROS, ("LLTM_VERSION", VERSION)],
         py_limited_api=True,
     )
     return dict(

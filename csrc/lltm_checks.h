@@ -82,6 +82,37 @@ inline void check_matrix(const Tensor& t, const char* name, int64_t rows,
   }
 }
 
+// weights: (3 * state_size, state_size + input_features), with state_size
+// from old_h and input_features from input. A matrix whose rows give a state
+// size is checked against each of them in turn, so that the message names
+// the argument that disagrees the way a caller reads it: a module's weights
+// are rarely what is wrong, the input or state handed to it usually is.
+inline void check_weights(const Tensor& weights, int64_t state, int64_t features) {
+  if (weights.dim() == 2 && weights.size(0) == 3 * state &&
+      weights.size(1) == state + features) {
+    return;
+  }
+  const char* layout = "(3 * state_size, state_size + input_features)";
+  std::ostringstream s;
+  if (weights.dim() == 2 && weights.size(0) % 3 == 0 &&
+      weights.size(1) >= weights.size(0) / 3) {
+    const int64_t weights_state = weights.size(0) / 3;
+    const int64_t weights_features = weights.size(1) - weights_state;
+    if (weights_state != state) {
+      s << "old_h has state_size = " << state << "; the weights expect " << weights_state
+        << " (weights have shape " << shape_str(weights) << " = " << layout << ")";
+    } else {
+      s << "input has input_features = " << features << "; the weights expect "
+        << weights_features << " (weights have shape " << shape_str(weights) << " = " << layout
+        << " with state_size = " << state << ")";
+    }
+    fail(s.str());
+  }
+  s << "weights must have shape " << layout << " = (" << 3 * state << ", " << state + features
+    << "), got " << shape_str(weights);
+  fail(s.str());
+}
+
 // dtype and device of every tensor must match those of `first`.
 inline void check_same_dtype_and_device(const Tensor& first,
                                         const char* first_name,
@@ -121,8 +152,7 @@ inline Sizes check_forward_args(const Tensor& input, const Tensor& weights,
   const Sizes n{input.size(0), input.size(1), old_h.size(1)};
   check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
   check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)");
-  check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
-               "(3 * state_size, state_size + input_features)");
+  check_weights(weights, n.state, n.features);
   if (bias.dim() != 1 || bias.size(0) != 3 * n.state) {
     std::ostringstream s;
     s << "bias must have shape (3 * state_size,) = (" << 3 * n.state
@@ -153,8 +183,7 @@ inline Sizes check_backward_args(const Tensor& grad_h, const Tensor& grad_cell,
   check_matrix(grad_cell, "grad_cell", n.batch, n.state, "(batch, state_size)");
   check_matrix(new_cell, "new_cell", n.batch, n.state, "(batch, state_size)");
   check_matrix(gates, "gates", n.batch, 3 * n.state, "(batch, 3 * state_size)");
-  check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
-               "(3 * state_size, state_size + input_features)");
+  check_weights(weights, n.state, n.features);
   return n;
 }
 
@@ -244,8 +273,7 @@ inline SequenceSizes check_sequence_args(const Tensor& input, const Tensor& weig
   const SequenceSizes n = sequence_sizes(input, old_h, batch_sizes);
   check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
   check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)");
-  check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
-               "(3 * state_size, state_size + input_features)");
+  check_weights(weights, n.state, n.features);
   if (bias.dim() != 1 || bias.size(0) != 3 * n.state) {
     std::ostringstream s;
     s << "bias must have shape (3 * state_size,) = (" << 3 * n.state << ",), got "
@@ -281,8 +309,7 @@ inline SequenceSizes check_sequence_backward_args(
   }
   if (grad_h_n.has_value()) check_matrix(*grad_h_n, "grad_h_n", n.batch, n.state, "(batch, state_size)");
   if (grad_c_n.has_value()) check_matrix(*grad_c_n, "grad_c_n", n.batch, n.state, "(batch, state_size)");
-  check_matrix(weights, "weights", 3 * n.state, n.state + n.features,
-               "(3 * state_size, state_size + input_features)");
+  check_weights(weights, n.state, n.features);
   return n;
 }
 

@@ -7,6 +7,7 @@ shapes follow the op's contract (see lltm.functional.lltm_cell).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
@@ -22,6 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # a backward compiled against an older lltm would be reused. Tests compile
     # the code under test, in a cache of their own.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lltm-inductor-")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # The fuzz tests' worst error per dtype (tests/test_fuzz.py), when they ran.
+    fuzz = sys.modules.get("test_fuzz")
+    if fuzz is not None:
+        fuzz.report(terminalreporter)
 
 
 def input_shapes(batch: int, features: int, state: int) -> list[tuple[int, ...]]:

@@ -330,7 +330,8 @@ def render():
 
 def test_render_reads_files_from_before_the_sequence_case(render, capsys):
     # Written when the bench timed one cell step with inputs requiring grad.
-    assert render.main([str(ROOT / "benchmarks" / "data" / "tutorial_1thread.json")]) == 0
+    old = ROOT / "tests" / "data" / "bench_cell_before_sequences.json"
+    assert render.main([str(old)]) == 0
     text = capsys.readouterr().out
     assert "cell, gradients of the parameters, input, h and c (--inputs-grad)" in text
     assert "| size | impl | forward min / median |" in text

@@ -47,11 +47,14 @@ FORWARD_CASES = {
     ),
     "weights_features": (
         _with(weights=lambda t: t[:, :-1]),
-        r"weights must have shape \(3 \* state_size, state_size \+ input_features\) = \(12, 7\), got \(12, 6\)",
+        # The weights (12, 6) imply 2 input features: input, with 3, is named.
+        r"input has input_features = 3; the weights expect 2 \(weights have shape \(12, 6\) = "
+        r"\(3 \* state_size, state_size \+ input_features\) with state_size = 4\)$",
     ),
     "weights_state": (
         _with(weights=lambda t: t[:-3]),
-        r"weights must have shape .* = \(12, 7\), got \(9, 7\)",
+        r"old_h has state_size = 4; the weights expect 3 \(weights have shape \(9, 7\) = "
+        r"\(3 \* state_size, state_size \+ input_features\)\)$",
     ),
     "weights_1d": (
         _with(weights=lambda t: t.flatten()),
@@ -150,7 +153,14 @@ def test_module_reports_the_same_errors():
     rnn = lltm.LLTM(F, S).double()
     x, _, _, h, c = make_inputs(B, F + 1, S)
     with pytest.raises(
-        ValueError, match=r"^lltm: weights must have shape .* = \(12, 8\), got \(12, 7\)$"
+        ValueError,
+        match=r"^lltm: input has input_features = 4; the weights expect 3 \(weights have shape "
+        r"\(12, 7\) = .* with state_size = 4\)$",
+    ):
+        rnn(x, (h, c))
+    x, _, _, h, c = make_inputs(B, F, S + 1)
+    with pytest.raises(
+        ValueError, match=r"^lltm: old_h has state_size = 5; the weights expect 4 \(weights have"
     ):
         rnn(x, (h, c))
     x, _, _, h, c = make_inputs(B, F, S)
@@ -252,7 +262,7 @@ BACKWARD_CASES = {
     ),
     "weights_shape": (
         _backward_with(weights=lambda t: t[:, 1:]),
-        r"weights must have shape .* = \(12, 7\), got \(12, 6\)",
+        r"input has input_features = 3; the weights expect 2 \(weights have shape \(12, 6\)",
     ),
     "old_h_shape": (
         _backward_with(old_h=lambda t: t[:1]),

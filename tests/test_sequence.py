@@ -519,7 +519,8 @@ SEQUENCE_ERRORS = {
     "input_2d": (_forward_with(input=lambda t: t[0]), r"input must be 3-D \(seq_len, batch"),
     "features": (
         _forward_with(input=lambda t: t[..., :-1]),
-        r"weights must have shape \(3 \* state_size, state_size \+ input_features\) = \(18, 10\), got \(18, 11\)",
+        r"input has input_features = 4; the weights expect 5 \(weights have shape \(18, 11\) = "
+        r"\(3 \* state_size, state_size \+ input_features\) with state_size = 6\)",
     ),
     "old_h_batch": (
         _forward_with(old_h=lambda t: t[:2]),

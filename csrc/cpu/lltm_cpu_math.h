@@ -8,12 +8,19 @@
 //
 // Accuracy, measured against torch's float64 functions over [-800, 800] and
 // tiny arguments: at most 1.5 units in the last place, in float and in double
-// alike (the polynomial degree follows the type); NaN and +-inf behave as in
-// torch. Float64 outputs stay within ~1e-15 relative of the reference.
+// alike (the polynomial degree follows the type). Float64 outputs stay within
+// ~1e-15 relative of the reference.
+//
+// At the extremes the results are exact, as torch's: sigmoid(-inf) = 0,
+// sigmoid(+inf) = 1, tanh(+-inf) = +-1, elu(-inf) = -1, elu(+inf) = +inf,
+// and NaN in gives NaN out. Exactness matters beyond the value itself: a
+// sigmoid of 2^-127 instead of 0 turns the reference's inf * 0 = NaN into
+// inf, and subnormal gates slow down every later GEMM that reads them.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "lltm_cpu_isa.h"
@@ -150,9 +157,19 @@ LLTM_ALWAYS_INLINE T fast_expm1(T x) {
   return MulAdd::mul_add(scale, p, scale - T(1));
 }
 
+// The smallest normal number of T.
+template <typename T>
+constexpr T kMinNormal = std::numeric_limits<T>::min();
+
+// fast_exp clamps its argument, so 1 / (1 + exp(-x)) alone would bottom out
+// at 1 / (1 + exp(88)), a subnormal, for every x below -88 (-inf included).
+// Results below the smallest normal number are 0 instead: exact where torch
+// gives 0 (x < -88.7 in float), and within 1.2e-38 of torch's subnormals just
+// above. NaN fails the comparison and stays NaN.
 template <typename T, typename MulAdd>
 LLTM_ALWAYS_INLINE T fast_sigmoid(T x) {
-  return T(1) / (T(1) + fast_exp<T, MulAdd>(-x));
+  const T s = T(1) / (T(1) + fast_exp<T, MulAdd>(-x));
+  return s < kMinNormal<T> ? T(0) : s;
 }
 
 // ELU with alpha = 1.

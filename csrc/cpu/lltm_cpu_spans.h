@@ -88,8 +88,10 @@ LLTM_ALWAYS_INLINE void backward_span_loop(int64_t n, const T* __restrict dh,
     const T t = fast_tanh<T, MulAdd>(c1[j]);
     // new_h = tanh(new_cell) * o; new_cell = old_cell + g * i.
     const T d_cell = dh[j] * o * (T(1) - t * t) + dc[j];
-    const T d_i = d_cell * g * i * (T(1) - i);
-    const T d_o = dh[j] * t * o * (T(1) - o);
+    // Factors in the order of torch's derivatives (sigmoid's: grad * (1 - y)
+    // * y), so that overflow, underflow and inf * 0 come out as they do there.
+    const T d_i = d_cell * g * (T(1) - i) * i;
+    const T d_o = dh[j] * t * (T(1) - o) * o;
     const T d_g = d_cell * i * elu_grad(x, g);
     dgi[j] = d_i;
     dgo[j] = d_o;

@@ -24,9 +24,19 @@ __device__ __forceinline__ double expm1_of(double x) { return expm1(x); }
 __device__ __forceinline__ float tanh_of(float x) { return tanhf(x); }
 __device__ __forceinline__ double tanh_of(double x) { return tanh(x); }
 
+// The smallest normal number of each precision.
+__device__ __forceinline__ float min_normal(float) { return 1.17549435e-38f; }
+__device__ __forceinline__ double min_normal(double) { return 2.2250738585072014e-308; }
+
+// Exact at the extremes, as on the CPU (csrc/cpu/lltm_cpu_math.h):
+// sigmoid(-inf) = 0 through exp(inf) = inf, sigmoid(+inf) = 1, NaN stays NaN
+// (it fails the comparison). Results below the smallest normal number are 0,
+// as the CPU kernels give them: subnormal gates slow every later GEMM, and
+// they differ from torch's by less than 1.2e-38.
 template <typename T>
 __device__ __forceinline__ T sigmoid(T x) {
-  return T(1) / (T(1) + exp_of(-x));
+  const T s = T(1) / (T(1) + exp_of(-x));
+  return s < min_normal(s) ? T(0) : s;
 }
 
 // ELU with alpha = 1; expm1 keeps full precision for small negative inputs.
@@ -71,8 +81,10 @@ __device__ __forceinline__ void backward_math(T grad_h, T grad_cell, T new_cell,
   const T g = elu(x);
   const T t = tanh_of(new_cell);
   const T d_cell = grad_h * o * (T(1) - t * t) + grad_cell;
-  d_input_gate = d_cell * g * i * (T(1) - i);
-  d_output_gate = grad_h * t * o * (T(1) - o);
+  // Factors in the order of torch's derivatives (sigmoid's: grad * (1 - y)
+  // * y), so that overflow, underflow and inf * 0 come out as they do there.
+  d_input_gate = d_cell * g * (T(1) - i) * i;
+  d_output_gate = grad_h * t * (T(1) - o) * o;
   d_candidate = d_cell * i * elu_grad(x, g);
   grad_old_cell = d_cell;
 }

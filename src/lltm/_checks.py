@@ -39,8 +39,33 @@ def _check_matrix(t: Tensor, name: str, rows: Any, cols: Any, expected: str) -> 
 
 
 def _check_weights(weights: Tensor, state: Any, features: Any) -> None:
-    expected = "(3 * state_size, state_size + input_features)"
-    _check_matrix(weights, "weights", 3 * state, state + features, expected)
+    """weights: (3 * state_size, state_size + input_features), with state_size
+    from old_h and input_features from input. The message names the argument
+    that disagrees as a caller reads it (see check_weights in lltm_checks.h)."""
+    if (
+        weights.dim() == 2
+        and weights.shape[0] == 3 * state
+        and weights.shape[1] == state + features
+    ):
+        return
+    layout = "(3 * state_size, state_size + input_features)"
+    if (
+        weights.dim() == 2
+        and weights.shape[0] % 3 == 0
+        and weights.shape[1] >= weights.shape[0] // 3
+    ):
+        weights_state = weights.shape[0] // 3
+        weights_features = weights.shape[1] - weights_state
+        if weights_state != state:
+            _fail(
+                f"old_h has state_size = {state}; the weights expect {weights_state} "
+                f"(weights have shape {_shape(weights)} = {layout})"
+            )
+        _fail(
+            f"input has input_features = {features}; the weights expect {weights_features} "
+            f"(weights have shape {_shape(weights)} = {layout} with state_size = {state})"
+        )
+    _check_matrix(weights, "weights", 3 * state, state + features, layout)
 
 
 def _check_supported_dtype(input: Tensor) -> None:

@@ -25,32 +25,43 @@ from ._checks import (
 )
 
 
+def _math_type(t: Tensor) -> torch.dtype:
+    """The type the pointwise math runs in, as in the native kernels: float32
+    for 16-bit types (each op rounding to 16 bits would lose digits to every
+    1 - y and every sum), the type itself otherwise."""
+    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+
 def forward(
     input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     check_forward_args(input, weights, bias, old_h, old_cell)
-    pre = torch.addmm(bias, torch.cat([old_h, input], dim=1), weights.t())
+    math = _math_type(input)
+    pre = torch.addmm(bias, torch.cat([old_h, input], dim=1), weights.t()).to(math)
     pre_i, pre_o, pre_g = pre.chunk(3, dim=1)
     i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
-    new_cell = old_cell + g * i
+    new_cell = old_cell.to(math) + g * i
     new_h = torch.tanh(new_cell) * o
     # The layout of every kernel's `gates`: activated input and output gates,
     # the candidate's pre-activation (its derivative needs x, not elu(x)).
-    return new_h, new_cell, torch.cat([i, o, pre_g], dim=1)
+    dtype = input.dtype
+    return new_h.to(dtype), new_cell.to(dtype), torch.cat([i, o, pre_g], dim=1).to(dtype)
 
 
 def _step_backward(
-    grad_h: Tensor, grad_cell: Tensor, new_cell: Tensor, gates: Tensor
+    grad_h: Tensor, grad_cell: Tensor, new_cell: Tensor, gates: Tensor, math: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """d_gates and the gradient of old_cell of one step."""
-    i, o, x = gates.chunk(3, dim=1)
+    """d_gates and the gradient of old_cell of one step, in the math type."""
+    i, o, x = gates.to(math).chunk(3, dim=1)
     g = F.elu(x)
-    t = torch.tanh(new_cell)
-    d_cell = grad_h * o * (1 - t * t) + grad_cell
+    t = torch.tanh(new_cell.to(math))
+    d_cell = grad_h * o * (1 - t * t) + grad_cell.to(math)
+    # Factors in the order of torch's own derivatives (sigmoid's is
+    # grad * (1 - y) * y), so that NaN and inf come out where they do there.
     d_gates = torch.cat(
         [
-            d_cell * g * i * (1 - i),
-            grad_h * t * o * (1 - o),
+            d_cell * g * (1 - i) * i,
+            grad_h * t * (1 - o) * o,
             d_cell * i * torch.where(x > 0, torch.ones_like(x), torch.exp(x)),
         ],
         dim=1,
@@ -70,13 +81,18 @@ def backward(
 ) -> tuple[Tensor | None, ...]:
     state = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights)[2]
     want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
-    d_gates, d_cell = _step_backward(grad_h, grad_cell, new_cell, gates)
+    math = _math_type(input)
+    d_gates, d_cell = _step_backward(grad_h.to(math), grad_cell, new_cell, gates, math)
+    # grad_bias is summed in the math type; the products take d_gates in the
+    # input's type, as the native kernels' GEMMs do.
+    grad_bias = d_gates.sum(dim=0).to(input.dtype) if want_bias else None
+    d_gates = d_gates.to(input.dtype)
     return (
         d_gates @ weights[:, state:] if want_input else None,
         d_gates.t() @ torch.cat([old_h, input], dim=1) if want_weights else None,
-        d_gates.sum(dim=0) if want_bias else None,
+        grad_bias,
         d_gates @ weights[:, :state] if want_old_h else None,
-        d_cell if want_old_cell else None,
+        d_cell.to(input.dtype) if want_old_cell else None,
     )
 
 
@@ -174,19 +190,27 @@ def sequence_backward(
     dh = torch.zeros_like(old_h) if grad_h_n is None else grad_h_n
     dc = torch.zeros_like(old_h) if grad_c_n is None else grad_c_n
     d_gates: dict[int, Tensor] = {}
+    # As in the cell: pointwise math in float32 for 16-bit types; the
+    # running gradients and d_gates kept in the input's type between steps.
+    math, dtype = _math_type(input), input.dtype
+    grad_bias = torch.zeros(3 * n.state, dtype=math, device=input.device)
     for size, rows in reversed(steps):
-        grad_h = dh[:size] if grad_rows is None else dh[:size] + grad_rows[rows]
-        step, d_cell = _step_backward(grad_h, dc[:size], cell_rows[rows], gate_rows[rows])
+        grad_h = dh[:size].to(math)
+        if grad_rows is not None:
+            grad_h = grad_h + grad_rows[rows].to(math)
+        step, d_cell = _step_backward(grad_h, dc[:size], cell_rows[rows], gate_rows[rows], math)
+        grad_bias += step.sum(dim=0)
+        step = step.to(dtype)
         d_gates[rows.start] = step
         dh = torch.cat([step @ w_h, dh[size:]])
-        dc = torch.cat([d_cell, dc[size:]])
+        dc = torch.cat([d_cell.to(dtype), dc[size:]])
     all_d_gates = _in_step_order(d_gates, n, 3 * n.state, input)
     x_rows = _rows(input, n)
     h_rows = _in_step_order(h_prev, n, n.state, input)
     return (
         _layout(all_d_gates @ weights[:, n.state :], n) if want_input else None,
         all_d_gates.t() @ torch.cat([h_rows, x_rows], dim=1) if want_weights else None,
-        all_d_gates.sum(dim=0) if want_bias else None,
+        grad_bias.to(dtype) if want_bias else None,
         (dh.clone() if dh is grad_h_n else dh) if want_old_h else None,
         (dc.clone() if dc is grad_c_n else dc) if want_old_cell else None,
     )

@@ -11,6 +11,8 @@ import json
 import platform
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,11 +20,82 @@ import torch
 from . import _C, _backends
 from ._version import __version__
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
 
 def _target_version(code: str) -> str:
     """0x020a000000000000 -> '2.10'."""
     value = int(code, 16)
     return f"{value >> 56}.{(value >> 48) & 0xFF}"
+
+
+def _installed_distribution() -> metadata.Distribution | None:
+    try:
+        return metadata.distribution("lltm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _newest_source(root: Path) -> Path | None:
+    sources = [p for p in (root / "csrc").rglob("*") if p.suffix in (".h", ".cpp", ".cu", ".cuh")]
+    return max(sources, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def provenance() -> dict[str, Any]:
+    """Where lltm and its compiled library were imported from, and whether
+    they are what the user most likely meant to run.
+
+    Problems found: an installed distribution shadowed by another copy of
+    the package earlier on sys.path (a source checkout, ``src/`` on
+    PYTHONPATH); a compiled library built from another lltm version, older
+    than the C++ sources next to it (a stale in-place build). (One changed
+    since the wheel installed it never gets this far: lltm/_integrity.py
+    refuses to load it.)
+    """
+    library = Path(_C.__file__).resolve()
+    built_from = getattr(_C, "lltm_version", None)
+    problems: list[str] = []
+    dist = _installed_distribution()
+    installed_dir: Path | None = None
+    mode = "source tree, not installed"
+    if dist is not None:
+        files = {f.as_posix(): f for f in dist.files or []}
+        if "lltm/__init__.py" in files:
+            installed_dir = Path(dist.locate_file(files["lltm/__init__.py"])).resolve().parent
+            mode = f"installed: lltm {dist.version} at {installed_dir}"
+        else:
+            mode = f"editable install of lltm {dist.version}"
+    if installed_dir is not None and installed_dir != PACKAGE_DIR:
+        problems.append(
+            f"lltm is imported from {PACKAGE_DIR}, which shadows the installed lltm "
+            f"{dist.version} at {installed_dir} (a source tree earlier on sys.path, e.g. src/ on "
+            "PYTHONPATH or the current directory): run from elsewhere, or unset PYTHONPATH"
+        )
+    if built_from is None:
+        problems.append(
+            f"{library.name} carries no version: a build of an older lltm; rebuild it "
+            "(python setup.py build_ext --inplace) or reinstall lltm"
+        )
+    elif built_from != __version__:
+        problems.append(
+            f"{library} was built from lltm {built_from} but the Python package is lltm "
+            f"{__version__}: rebuild it (python setup.py build_ext --inplace) or reinstall lltm"
+        )
+    if installed_dir is None or installed_dir != PACKAGE_DIR:
+        # A source tree: the library should be newer than every C++ source.
+        newest = _newest_source(PACKAGE_DIR.parent.parent)
+        if newest is not None and newest.stat().st_mtime > library.stat().st_mtime:
+            problems.append(
+                f"{library} is older than {newest}: a stale in-place build; rebuild it "
+                "(python setup.py build_ext --inplace)"
+            )
+    return {
+        "package": str(PACKAGE_DIR),
+        "library": str(library),
+        "library_version": built_from,
+        "install": mode,
+        "problems": problems,
+    }
 
 
 def collect() -> dict[str, Any]:
@@ -53,12 +126,15 @@ def collect() -> dict[str, Any]:
         ]
         if cuda_ok
         else [],
+        **provenance(),
     }
 
 
 def render(info: dict[str, Any]) -> str:
     rows = [
         ("lltm", info["lltm"]),
+        ("package", f"{info['package']} ({info['install']})"),
+        ("library", info["library"]),
         ("torch", f"{info['torch']} (CUDA {info['torch_cuda'] or 'none'})"),
         ("Python", f"{info['python']} on {info['platform']}"),
         ("stable ABI target", f"torch >= {info['torch_abi_target']}"),
@@ -80,6 +156,7 @@ def render(info: dict[str, Any]) -> str:
             rows.append((f"cuda:{i}", f"{name}: composite kernels ({problem})"))
         else:
             rows.append((f"cuda:{i}", f"{name}: fused kernels"))
+    rows += [("PROBLEM", problem) for problem in info["problems"]]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
