@@ -1,9 +1,31 @@
 // Python entry point of the CPU library (lltm._C): defines the op schemas
 // (lltm_ops.cpp) and the CPU kernels (lltm_cpu.cpp) linked into it.
+#include <exception>
+
 #include "../python_module.h"
+#include "lltm_cpu_isa.h"
+
+// lltm._C.cpu_isa(): the instruction set the CPU kernels run ("baseline",
+// "avx2" or "avx512"), chosen now if no kernel has run yet. A bad
+// LLTM_CPU_ISA raises the ValueError a kernel call would.
+static PyObject* cpu_isa(PyObject*, PyObject*) {
+  try {
+    return PyUnicode_FromString(lltm::cpu::isa_name(lltm::cpu::selected_isa()));
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_ValueError, error.what());
+    return nullptr;
+  }
+}
+
+static PyMethodDef methods[] = {
+    {"cpu_isa", cpu_isa, METH_NOARGS,
+     "The instruction set lltm's CPU kernels run: baseline, avx2 or avx512."},
+    {nullptr, nullptr, 0, nullptr},
+};
 
 static bool add_constants(PyObject* module) {
-  return PyModule_AddStringConstant(module, "device", "cpu") == 0;
+  return PyModule_AddStringConstant(module, "device", "cpu") == 0 &&
+         PyModule_AddFunctions(module, methods) == 0;
 }
 
 extern "C" {
