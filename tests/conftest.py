@@ -7,8 +7,12 @@ shapes follow the op's contract (see lltm.functional.lltm_cell).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +172,31 @@ def restore_num_threads():
     threads = torch.get_num_threads()
     yield threads
     torch.set_num_threads(threads)
+
+
+# --- Binaries: which symbols they take from torch ---------------------------------
+
+# C++ namespaces of torch's unstable ABI. A library that references any of them
+# is tied to the exact torch it was built with ("undefined symbol" after an
+# upgrade); one that calls only torch's C shim (aoti_torch_*, torch_*) is not.
+UNSTABLE_NAMESPACES = ("at::", "c10::", "torch::", "caffe2::", "aten::")
+
+
+def undefined_symbols(library: Path) -> list[str]:
+    """The undefined dynamic symbols of ``library``, demangled (nm -DC)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("checks ELF dynamic symbols (nm -D): Linux only")
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (GNU binutils) is not installed: cannot list the library's symbols")
+    result = subprocess.run(
+        [nm, "-DC", "--undefined-only", str(library)], capture_output=True, text=True, check=True
+    )
+    # Lines look like "                 U aoti_torch_get_dim".
+    return [line.split(None, 1)[1] for line in result.stdout.splitlines() if line.strip()]
+
+
+def unstable_symbols(symbols: Sequence[str]) -> list[str]:
+    """Those of ``symbols`` in torch's unstable C++ ABI (also as template or
+    function arguments, e.g. ``foo(c10::IValue)``)."""
+    return [s for s in symbols if s.startswith(UNSTABLE_NAMESPACES) or "c10::" in s or "at::" in s]
