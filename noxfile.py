@@ -170,7 +170,9 @@ def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
     wheels built and installed next to real CPU-only and CUDA torches. Their
     environments are cached in LLTM_TEST_VENV_CACHE (default
-    ~/.cache/lltm/test-venvs); LLTM_TEST_WHEELS=dist reuses ``nox -s build``'s wheels."""
+    ~/.cache/lltm/test-venvs); LLTM_TEST_WHEELS=dist reuses ``nox -s build``'s wheels.
+    LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm) from a
+    skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     session.install(str(wheel), *_group("test"))
     session.run("pytest", "-m", "slow", *session.posargs)

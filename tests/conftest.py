@@ -7,9 +7,12 @@ shapes follow the op's contract (see lltm.functional.lltm_cell).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,6 +117,50 @@ def assert_all_close(
         torch.testing.assert_close(a, e, msg=lambda m, name=name: f"{name}: {m}", **tol)
 
 
+def rms(t: Tensor) -> float:
+    """Root mean square of ``t`` (0 for an empty tensor)."""
+    return t.double().pow(2).mean().sqrt().item() if t.numel() else 0.0
+
+
+def assert_as_accurate_as_reference(
+    names: Sequence[str],
+    ours: Sequence[Tensor],
+    theirs: Sequence[Tensor],
+    exact: Sequence[Tensor],
+    dtype: torch.dtype,
+) -> None:
+    """lltm's results in ``dtype`` are no less accurate than the reference's.
+
+    ``theirs`` is the reference run in ``dtype`` on the same device (plain
+    PyTorch sets the bar), ``exact`` the reference in float64 on the same
+    rounded inputs. Errors are relative to each tensor's RMS and bounded in
+    units of ``dtype``'s epsilon, whatever the dtype: the RMS error (a stable
+    statistic over many elements) within twice the reference's + eps/8, and
+    the worst element within twice the reference's + 8 eps (a few wrong
+    elements, which the RMS averages away). A kernel that is off by a
+    systematic 1 % (bfloat16's epsilon is 0.8 %) fails; see
+    test_parity.test_accuracy_check_rejects_broken_kernels.
+    """
+    eps = torch.finfo(dtype).eps
+    for name, a, r, e in zip(names, ours, theirs, exact, strict=True):
+        assert a.dtype == dtype and a.shape == e.shape, f"{name}: {a.dtype} {tuple(a.shape)}"
+        if not e.numel():
+            continue
+        scale = max(rms(e), 1e-30)
+        a, r, e = a.detach().cpu().double(), r.detach().cpu().double(), e.detach().cpu().double()
+        ours_rms, theirs_rms = rms(a - e) / scale, rms(r - e) / scale
+        assert ours_rms <= 2 * theirs_rms + eps / 8, (
+            f"{name}: RMS error {ours_rms / eps:.2f} eps, reference in {dtype}: "
+            f"{theirs_rms / eps:.2f} eps"
+        )
+        ours_max = (a - e).abs().max().item() / scale
+        theirs_max = (r - e).abs().max().item() / scale
+        assert ours_max <= 2 * theirs_max + 8 * eps, (
+            f"{name}: worst error {ours_max / eps:.2f} eps, reference in {dtype}: "
+            f"{theirs_max / eps:.2f} eps"
+        )
+
+
 OUTPUT_NAMES = ("new_h", "new_cell")
 GRAD_NAMES = tuple(f"grad_{name}" for name in ARG_NAMES)
 
@@ -132,3 +179,31 @@ def restore_num_threads():
     threads = torch.get_num_threads()
     yield threads
     torch.set_num_threads(threads)
+
+
+# --- Binaries: which symbols they take from torch ---------------------------------
+
+# C++ namespaces of torch's unstable ABI. A library that references any of them
+# is tied to the exact torch it was built with ("undefined symbol" after an
+# upgrade); one that calls only torch's C shim (aoti_torch_*, torch_*) is not.
+UNSTABLE_NAMESPACES = ("at::", "c10::", "torch::", "caffe2::", "aten::")
+
+
+def undefined_symbols(library: Path) -> list[str]:
+    """The undefined dynamic symbols of ``library``, demangled (nm -DC)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("checks ELF dynamic symbols (nm -D): Linux only")
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (GNU binutils) is not installed: cannot list the library's symbols")
+    result = subprocess.run(
+        [nm, "-DC", "--undefined-only", str(library)], capture_output=True, text=True, check=True
+    )
+    # Lines look like "                 U aoti_torch_get_dim".
+    return [line.split(None, 1)[1] for line in result.stdout.splitlines() if line.strip()]
+
+
+def unstable_symbols(symbols: Sequence[str]) -> list[str]:
+    """Those of ``symbols`` in torch's unstable C++ ABI (also as template or
+    function arguments, e.g. ``foo(c10::IValue)``)."""
+    return [s for s in symbols if s.startswith(UNSTABLE_NAMESPACES) or "c10::" in s or "at::" in s]

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import undefined_symbols, unstable_symbols
 
 import lltm
 from lltm import _C
 
 LIBRARY = Path(_C.__file__)
-# C++ namespaces of torch's unstable ABI.
-UNSTABLE_NAMESPACES = ("at::", "c10::", "torch::", "caffe2::", "aten::")
 
 
 @pytest.mark.skipif(
@@ -36,27 +34,26 @@ def test_target_version_is_torch_2_10():
     assert _C.torch_target_version == "0x020a000000000000"
 
 
-def _undefined_symbols() -> list[str]:
-    if not sys.platform.startswith("linux"):
-        pytest.skip("checks ELF dynamic symbols (nm -D): Linux only")
-    nm = shutil.which("nm")
-    if nm is None:
-        pytest.skip("nm (GNU binutils) is not installed: cannot list the library's symbols")
-    result = subprocess.run(
-        [nm, "-DC", "--undefined-only", str(LIBRARY)], capture_output=True, text=True, check=True
-    )
-    # Lines look like "                 U aoti_torch_get_dim".
-    return [line.split(None, 1)[1] for line in result.stdout.splitlines() if line.strip()]
-
-
 def test_no_unstable_torch_symbols():
-    symbols = _undefined_symbols()
+    symbols = undefined_symbols(LIBRARY)
     # The parse works: the library does use torch's C shim.
     assert any(s.startswith("aoti_torch_") for s in symbols), symbols[:20]
-    unstable = [
-        s for s in symbols if s.startswith(UNSTABLE_NAMESPACES) or "c10::" in s or "at::" in s
-    ]
+    unstable = unstable_symbols(symbols)
     assert not unstable, "\n".join(unstable)
+
+
+def test_unstable_symbol_filter():
+    # What the filter must catch and let through (it also checks the CUDA
+    # plugin in test_fallback.py).
+    caught = [
+        "at::Tensor::add(at::Tensor const&) const",
+        "c10::detail::torchCheckFail(char const*, char const*, unsigned int, char const*)",
+        "torch::jit::tracer::getTracingState()",
+        "caffe2::TypeMeta::error_unsupported_typemeta(caffe2::TypeMeta)",
+        "std::vector<c10::IValue, std::allocator<c10::IValue> >::reserve(unsigned long)",
+    ]
+    passed = ["aoti_torch_get_dim", "torch_call_dispatcher", "cudaLaunchKernel", "PyModule_Create2"]
+    assert unstable_symbols(caught + passed) == caught
 
 
 def _lltm_command(*args: str) -> str:

@@ -37,8 +37,8 @@ CPU = torch.device("cpu")
 pytestmark = [
     # The bench sets torch's thread count (--threads); put it back after each test.
     pytest.mark.usefixtures("restore_num_threads"),
-    # Until the sequence ops have native CPU kernels.
-    pytest.mark.filterwarnings("ignore:lltm.*no native cpu kernel:RuntimeWarning"),
+    # Every op has native CPU kernels: what is timed must not be the fallback.
+    pytest.mark.filterwarnings("error:lltm.*no native cpu kernel:RuntimeWarning"),
 ]
 
 
@@ -119,11 +119,48 @@ def test_table_without_rich(monkeypatch, capsys):
     assert lines[0].startswith("lltm ") and any(line.startswith("2x3x4  lltm") for line in lines)
 
 
-def test_plot_writes_a_png(tmp_path):
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """The matplotlib figures the bench saves, as they are saved."""
     pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    figures = []
+    real_savefig = Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        figures.append(self)
+        return real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return figures
+
+
+def _panels(figure):
+    """Per panel: (x label, tick labels, {line label: y values})."""
+    return [
+        (
+            ax.get_xlabel(),
+            [t.get_text() for t in ax.get_xticklabels()],
+            {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()},
+        )
+        for ax in figure.axes
+    ]
+
+
+def test_plot_writes_a_png(tmp_path, saved_figures):
     path = tmp_path / "bench.png"
     assert bench.main([*FAST, *EAGER, "--sizes", "2x3x4,3x2x5", "-q", "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # What is drawn: time per size for every implementation, speed-ups
+    # against the reference for the others.
+    [figure] = saved_figures
+    (xlabel, ticks, times), (_, _, speedups) = _panels(figure)
+    assert (xlabel, ticks) == ("batch x features x state", ["2x3x4", "3x2x5"])
+    assert set(times) == {"reference", "lltm", "lstmcell", "GEMMs only"}
+    assert all(len(ys) == 2 and min(ys) > 0 for ys in times.values())
+    assert {"lltm step", "lltm forward", "lstmcell step"} <= set(speedups)
+    assert "reference step" not in speedups
 
 
 def test_sweep_runs_every_size(monkeypatch, capsys):
@@ -135,15 +172,55 @@ def test_sweep_runs_every_size(monkeypatch, capsys):
 
 
 def test_sweep_with_a_progress_bar(monkeypatch, capsys):
-    pytest.importorskip("rich")
+    rich_progress = pytest.importorskip("rich.progress")
     monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4)))
+    # The bar is transient (gone from the output once done): count what it is
+    # told instead, through rich's own Progress.
+    descriptions, advances = [], []
+    real_update, real_advance = rich_progress.Progress.update, rich_progress.Progress.advance
+
+    def update(self, task, *args, description=None, **kwargs):
+        if description is not None:
+            descriptions.append(description)
+        return real_update(self, task, *args, description=description, **kwargs)
+
+    def advance(self, task, amount=1):
+        advances.append(amount)
+        return real_advance(self, task, amount)
+
+    monkeypatch.setattr(rich_progress.Progress, "update", update)
+    monkeypatch.setattr(rich_progress.Progress, "advance", advance)
     assert bench.main([*FAST, "--impl", "lltm", "--sweep"]) == 0
-    assert "1x2x3" in capsys.readouterr().out
+    # One label per size; one step per block: 2 sizes x 2 implementations
+    # (reference always runs) x 3 phases x 2 blocks.
+    assert [d.split()[0] for d in descriptions] == ["1x2x3", "2x3x4"]
+    assert sum(advances) == 2 * 2 * len(bench.PHASES) * 2
+    table = capsys.readouterr().out
+    assert "1x2x3" in table and "2x3x4" in table
 
 
-def test_threads_flag_is_applied(capsys):
-    report = _run_json(capsys, *EAGER, "--threads", "1")
-    assert report["environment"]["threads"] == 1
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_flag_is_applied(threads, monkeypatch, capsys):
+    # The thread count the timed calls run with, not only the one reported.
+    seen = set()
+    real = cases.make_case
+
+    def make_case(*args, **kwargs):
+        case = real(*args, **kwargs)
+        for phase in ("forward", "step"):
+            timed = getattr(case, phase)
+
+            def record(timed=timed):
+                seen.add(torch.get_num_threads())
+                return timed()
+
+            setattr(case, phase, record)
+        return case
+
+    monkeypatch.setattr(cases, "make_case", make_case)
+    report = _run_json(capsys, *EAGER, "--threads", str(threads))  # after FAST's --threads 1
+    assert report["environment"]["threads"] == threads
+    assert seen == {threads}
 
 
 def test_failing_implementation_is_reported_not_fatal(monkeypatch, capsys):
@@ -213,11 +290,20 @@ def test_sequence_implementations_compute_the_same_thing(inputs_grad):
     assert len(lstm.step()) == (7 if inputs_grad else 4)
 
 
-def test_sequence_plot_against_length(tmp_path):
-    pytest.importorskip("matplotlib")
+def test_sequence_plot_against_length(tmp_path, saved_figures):
     path = tmp_path / "seq.png"
     assert bench.main([*FAST, "--seq-len", "2,3", "--impl", "all", "-q", "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    [figure] = saved_figures
+    # Time, speed-up against the reference loop and against nn.LSTM, each
+    # against the sequence length.
+    panels = _panels(figure)
+    assert len(panels) == 3
+    for xlabel, ticks, lines in panels:
+        assert xlabel == "sequence length T (at 2x3x4)" and ticks == ["2", "3"]
+        assert all(len(ys) == 2 for ys in lines.values())
+    assert set(panels[0][2]) == {*SEQUENCE_IMPLS[:-1], "GEMMs only"}
+    assert "lltm-sequence step" in panels[1][2] and "lltm-sequence step" in panels[2][2]
 
 
 def test_sequence_with_several_sizes(capsys):

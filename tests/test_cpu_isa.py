@@ -1,9 +1,19 @@
-"""Every instruction-set variant of the CPU kernels, not just the widest one
-this machine runs by default: LLTM_CPU_ISA lowers the runtime choice, so the
-parity suite runs again in a subprocess per variant."""
+"""Which instruction set the CPU kernels run, and every variant of them.
+
+The kernels are compiled for the baseline ISA, AVX2+FMA and AVX-512 and the
+widest the CPU supports is chosen at the first call; LLTM_CPU_ISA caps the
+choice. The variants compute the same values (AVX2 and AVX-512 even bit for
+bit), so results cannot tell which one ran: lltm._C.cpu_isa() says, and the
+tests here hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity,
+sequence and thread suites run again in a subprocess per variant below the
+default one: the baseline set also takes another path through the sequence
+kernels (torch's GEMM for the per-step products, where AVX2/AVX-512 use the
+packed kernel of lltm_cpu_gemm.h).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -12,22 +22,155 @@ from pathlib import Path
 
 import pytest
 
-PARITY = Path(__file__).with_name("test_parity.py")
+import lltm
+from lltm import _C
+
+TESTS = Path(__file__).parent
+ORDER = ("baseline", "avx2", "avx512")
+X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+# What the ISA flags of the CPU are named in /proc/cpuinfo.
+NEEDS = {
+    "avx2": {"avx2", "fma"},
+    "avx512": {"avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq"},
+}
 
 
-@pytest.mark.skipif(
-    platform.machine().lower() not in ("x86_64", "amd64"),
-    reason="the AVX2/AVX-512 variants exist on x86-64 only",
-)
-@pytest.mark.parametrize("isa", ["baseline", "avx2"])
-def test_parity_suite_passes_with_lower_isa(isa: str) -> None:
-    env = {**os.environ, "LLTM_CPU_ISA": isa}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(PARITY)],
+def _cpu_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
+def _best() -> str:
+    """The widest set of this CPU, found independently of lltm."""
+    if not X86_64:
+        return "baseline"
+    flags = _cpu_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo to tell which instruction sets this CPU has")
+    return max(
+        ("baseline", *(isa for isa, needed in NEEDS.items() if needed <= flags)), key=ORDER.index
+    )
+
+
+def _expected(cap: str | None) -> str:
+    best = _best()
+    return best if not cap else min(cap, best, key=ORDER.index)
+
+
+def _run(code: str, isa: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LLTM_CPU_ISA"}
+    if isa is not None:
+        env["LLTM_CPU_ISA"] = isa
+    return subprocess.run(
+        [sys.executable, *(["-c", code] if code else []), *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout
+
+
+def test_this_process_runs_the_set_the_environment_asks_for():
+    # Also run inside each per-variant suite below, where LLTM_CPU_ISA is set.
+    assert _C.cpu_isa() == _expected(os.environ.get("LLTM_CPU_ISA"))
+
+
+@pytest.mark.parametrize("cap", [None, "", *ORDER], ids=["unset", "empty", *ORDER])
+def test_cap_lowers_the_choice_and_info_reports_it(cap):
+    result = _run(
+        "import json, lltm; from lltm import info; "
+        "print(json.dumps([lltm._C.cpu_isa(), info.collect()['cpu_isa']]))",
+        cap,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [_expected(cap)] * 2
+
+
+INVALID = ["avx3", "AVX2", " avx2", "sse2", "avx2,avx512"]
+
+_INVALID_SCRIPT = """
+import json, lltm, torch
+from lltm import info, reference
+
+caught = []
+def attempt(fn):
+    try:
+        fn()
+    except ValueError as error:
+        caught.append(str(error))
+
+input, weights, bias, h, c = reference.example_inputs()  # batch 4, features 3, state 5
+gates = torch.zeros(4, 15, dtype=h.dtype)
+attempt(lltm._C.cpu_isa)
+attempt(lambda: lltm.lltm_cell(input, weights, bias, h, c))
+attempt(lambda: lltm.lltm_cell(input, weights, bias, h, c))  # every time, not once
+attempt(lambda: torch.ops.lltm.backward(h, c, c, gates, input, h, weights, [True] * 5))
+attempt(lambda: lltm.lltm_sequence(input[None], weights, bias, h, c))
+report = info.collect()
+print(json.dumps({"caught": caught, "cpu_isa": report["cpu_isa"],
+                  "cpu_isa_error": report["cpu_isa_error"]}))
+"""
+
+
+@pytest.mark.parametrize("value", INVALID)
+def test_invalid_value_is_an_error_at_every_kernel_call(value):
+    result = _run(_INVALID_SCRIPT, value)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    message = (
+        f"lltm: LLTM_CPU_ISA={value} is not an instruction set of lltm's CPU kernels; "
+        "use baseline, avx2 or avx512"
+    )
+    assert len(report["caught"]) == 5, report
+    assert all(m.startswith(message) for m in report["caught"]), report["caught"]
+    assert report["cpu_isa"] is None and report["cpu_isa_error"].startswith(message)
+    for marker in ("Exception raised from", "frame #", "terminate called"):
+        assert marker not in result.stderr, result.stderr
+
+
+def test_invalid_value_does_not_stop_import_or_info():
+    # `import lltm` still works and `lltm info` says what is wrong.
+    result = _run("", "avx3", "-m", "lltm", "info")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("CPU instruction"))
+    assert "none: lltm: LLTM_CPU_ISA=avx3 is not an instruction set" in row
+
+
+def test_info_names_the_set_in_use():
+    result = _run("", None, "-m", "lltm", "info")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("CPU instruction"))
+    assert row.split()[-1] == _expected(None) == lltm._C.cpu_isa()
+
+
+# The suites that reach the kernels' ISA-specific code: the pointwise spans
+# of every dtype and layout, the sequence kernels' per-step products, and the
+# split of the work between threads. Compilation and opcheck test the Python
+# registration, the same for every variant: left to the default run.
+SUITES = ["test_parity.py", "test_sequence.py", "test_threads.py", "test_layouts.py"]
+
+
+@pytest.mark.skipif(not X86_64, reason="the AVX2/AVX-512 variants exist on x86-64 only")
+@pytest.mark.parametrize("isa", ["baseline", "avx2"])
+def test_suites_pass_with_every_lower_isa(isa):
+    best = _best()
+    if ORDER.index(isa) > ORDER.index(best):
+        pytest.skip(f"this CPU lacks {isa}")
+    if isa == best:
+        pytest.skip(f"{isa} is this CPU's default: the main test run covers it")
+    result = _run(
+        "",
+        isa,
+        *("-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not compile and not opcheck"),
+        f"{TESTS / 'test_cpu_isa.py'}::test_this_process_runs_the_set_the_environment_asks_for",
+        *(str(TESTS / suite) for suite in SUITES),
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout

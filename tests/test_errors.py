@@ -7,6 +7,7 @@ torch.compile) and the composite fallback kernel raise the very same message.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -333,44 +334,74 @@ def test_meta_tensors_give_shapes():
 
 # --- No C++ backtraces ---------------------------------------------------------
 
-# Raises every error above in a fresh interpreter, with what the user sees.
+# Raises every error above in a fresh interpreter and prints, as JSON, every
+# message caught: what a user sees. With `control`, also an ATen error, whose
+# message carries a C++ backtrace under TORCH_SHOW_CPP_STACKTRACES=1: the
+# proof that the scan below finds one.
 _SCRIPT = textwrap.dedent(
     """
-    import sys
+    import json, sys
     sys.path[:0] = {paths!r}
     import test_errors as cases
     import lltm, torch
 
-    count = 0
+    caught = []
+    def attempt(fn, *args):
+        try:
+            fn(*args)
+        except Exception as error:
+            caught.append(f"{{type(error).__name__}}: {{error}}")
+        else:
+            caught.append("no error")
+
     for args, _ in cases.FORWARD_CASES.values():
         for fn in (lltm.lltm_cell, torch.ops.lltm.forward):
-            try:
-                fn(*args)
-            except ValueError:
-                count += 1
+            attempt(fn, *args)
     for args, _ in cases.BACKWARD_CASES.values():
-        try:
-            torch.ops.lltm.backward(*args)
-        except ValueError:
-            count += 1
-    print(count)
+        attempt(torch.ops.lltm.backward, *args)
+    if {control!r}:
+        attempt(torch.mm, torch.ones(2, 3), torch.ones(2, 3))
+    print(json.dumps(caught))
     """
 )
+BACKTRACE_MARKERS = ("Exception raised from", "frame #", "c10::", "libtorch", "Traceback")
 
 
-def test_errors_print_no_cpp_backtrace():
+def _raise_all(control: bool = False, **env_changes: str) -> tuple[list[str], str]:
+    """(messages caught, stderr) of _SCRIPT in a fresh interpreter."""
     tests_dir = str(Path(__file__).parent)
     paths = [tests_dir, *sys.path]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_SHOW_CPP_STACKTRACES"}
     result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT.format(paths=paths)],
+        [sys.executable, "-c", _SCRIPT.format(paths=paths, control=control)],
         capture_output=True,
         text=True,
-        env=env,
+        env={**env, **env_changes},
         timeout=120,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert int(result.stdout.split()[-1]) == 2 * len(FORWARD_CASES) + len(BACKWARD_CASES)
-    for marker in ("Exception raised from", "frame #", "c10::", "libtorch", "Traceback"):
-        assert marker not in result.stderr, result.stderr
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+
+def _backtraces(messages: list[str], stderr: str) -> list[str]:
+    """Markers of a C++ or Python backtrace, in stderr or in any message."""
+    return [m for m in BACKTRACE_MARKERS for text in (stderr, *messages) if m in text]
+
+
+def test_errors_print_no_cpp_backtrace():
+    messages, stderr = _raise_all()
+    assert len(messages) == 2 * len(FORWARD_CASES) + len(BACKWARD_CASES)
+    for message in messages:
+        assert message.startswith("ValueError: lltm: ") and "\n" not in message, message
+    assert not _backtraces(messages, stderr), stderr + "\n".join(messages)
+
+
+def test_backtrace_scan_finds_a_cpp_backtrace():
+    # The same run plus one ATen error, with C++ backtraces switched on: the
+    # scan must see it (and still not in lltm's own messages).
+    messages, _ = _raise_all(control=True, TORCH_SHOW_CPP_STACKTRACES="1")
+    *ours, aten = messages
+    assert aten.startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert "Exception raised from" in _backtraces([aten], "")
+    assert not _backtraces(ours, "")

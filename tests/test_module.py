@@ -6,7 +6,12 @@ import math
 
 import pytest
 import torch
-from conftest import assert_all_close, make_inputs
+from conftest import (
+    assert_all_close,
+    assert_as_accurate_as_reference,
+    make_grad_outputs,
+    make_inputs,
+)
 
 import lltm
 from lltm import reference
@@ -137,8 +142,34 @@ def test_float32_module_matches_reference():
     assert_all_close(ours(x, (h, c)), theirs(x, (h, c)), ("new_h", "new_c"), rtol=1e-5, atol=1e-5)
 
 
-def test_module_moves_with_to():
-    ours = lltm.LLTM(4, 5).to(torch.bfloat16)
-    x, _, _, h, c = make_inputs(2, 4, 5, dtype=torch.bfloat16)
-    new_h, new_c = ours(x, (h, c))
-    assert new_h.dtype == new_c.dtype == torch.bfloat16
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_module_moves_with_to(dtype):
+    # .to(dtype) moves the parameters, and the module then computes in that
+    # dtype as accurately as the reference module moved alike.
+    torch.manual_seed(7)
+    ours = lltm.LLTM(32, 128)
+    theirs = reference.LLTM(32, 128)
+    theirs.load_state_dict(ours.state_dict())
+    ours, theirs = ours.to(dtype), theirs.to(dtype)
+    assert all(p.dtype == dtype for p in ours.parameters())
+    exact = reference.LLTM(32, 128).double()
+    exact.load_state_dict(ours.state_dict())  # the rounded values, in float64
+    x, _, _, h, c = make_inputs(16, 32, 128, dtype=dtype)
+
+    def step(module, cast=lambda t: t):
+        module.zero_grad()
+        new_h, new_c = module(cast(x), (cast(h), cast(c)))
+        # Rounded to `dtype` for every module: the oracle sees the same values.
+        upstream = [g.to(dtype).to(g.dtype) for g in make_grad_outputs(new_h, new_c)]
+        torch.autograd.backward((new_h, new_c), upstream)
+        return [new_h.detach(), new_c.detach(), module.weights.grad, module.bias.grad]
+
+    result = step(ours)
+    assert all(t.dtype == dtype for t in result)
+    assert_as_accurate_as_reference(
+        ("new_h", "new_c", "grad_weights", "grad_bias"),
+        result,
+        step(theirs),
+        step(exact, lambda t: t.double()),
+        dtype,
+    )

@@ -11,8 +11,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ALL_GRADS, GRAD_NAMES, OUTPUT_NAMES, assert_all_close, make_inputs, run_cell
-from hypothesis import given, settings
+import torch.nn.functional as F
+from conftest import (
+    ALL_GRADS,
+    GRAD_NAMES,
+    OUTPUT_NAMES,
+    assert_all_close,
+    assert_as_accurate_as_reference,
+    make_inputs,
+    rms,
+    run_cell,
+)
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import lltm
@@ -56,22 +66,64 @@ def test_float64_matches_reference_other_seeds(seed):
     assert_all_close(out + grads, ref_out + ref_grads, NAMES)
 
 
-def test_saturated_gates_match_reference():
+def _saturating_inputs(scale, dtype=torch.float64):
+    """Inputs whose pre-activations reach +-|scale| * 30 (15 terms of
+    randn * scale squared), with old_cell of the same size."""
+    inputs = [t * scale for t in make_inputs(4, 6, 9)]
+    return [t.to(dtype) for t in inputs]
+
+
+def _largest_pre_activation(inputs):
+    input, weights, bias, old_h, _ = (t.double() for t in inputs)
+    return F.linear(torch.cat([old_h, input], 1), weights, bias).abs().max().item()
+
+
+# The exp of lltm_cpu_math.h clamps its argument where 2^n would leave the
+# normal numbers: to [-87, 88] in float (which 16-bit types compute in) and
+# [-708, 709] in double. Beyond, sigmoid and tanh are saturated and elu is -1.
+EXP_CLAMP = {torch.float64: 709.0, torch.float32: 88.0}
+
+
+@pytest.mark.parametrize("scale", [8, 30], ids=["x8", "x30"])
+def test_saturated_gates_match_reference(scale):
     # Large pre-activations drive sigmoid to 0/1 and elu to -1: the derivative
     # formulas written through the gate outputs must still hold there.
-    inputs = [t * 8 for t in make_inputs(4, 6, 9)]
+    inputs = _saturating_inputs(scale)
+    if scale == 30:
+        assert _largest_pre_activation(inputs) > EXP_CLAMP[torch.float64]
     out, grads = run_cell(lltm.lltm_cell, inputs)
     ref_out, ref_grads = run_cell(reference.lltm_cell, inputs)
     assert_all_close(out + grads, ref_out + ref_grads, NAMES)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_saturated_gates_in_lower_precision(dtype):
+    # Pre-activations far past float's exp clamp (and past float16's range for
+    # exp itself): every gate saturates through the clamped path.
+    inputs = _saturating_inputs(8, dtype)
+    assert _largest_pre_activation(inputs) > 2 * EXP_CLAMP[torch.float32]
+    out, grads = run_cell(lltm.lltm_cell, inputs)
+    ref_out, ref_grads = run_cell(reference.lltm_cell, inputs)
+    exact_out, exact_grads = _oracle(inputs)
+    assert_as_accurate_as_reference(
+        NAMES, out + grads, ref_out + ref_grads, exact_out + exact_grads, dtype
+    )
+
+
+# Shapes up to 40 x 300 cross the kernels' internal boundaries: a second and
+# third 128-column span (kSpan) of the backward, a second 16-row block of the
+# grad_bias sums (kFoldRows), and 8192 elements, above which the forward is
+# split between threads.
 @settings(max_examples=40, deadline=None)
 @given(
-    batch=st.integers(0, 9),
+    batch=st.integers(0, 40),
     features=st.integers(0, 17),
-    state=st.integers(0, 33),
+    state=st.integers(0, 300),
     seed=st.integers(0, 2**16),
 )
+@example(batch=33, features=5, state=257, seed=0)
+@example(batch=17, features=0, state=129, seed=1)
+@example(batch=40, features=17, state=300, seed=2)
 def test_property_float64_any_shape(batch, features, state, seed):
     inputs = make_inputs(batch, features, state, seed=seed)
     out, grads = run_cell(lltm.lltm_cell, inputs)
@@ -107,14 +159,6 @@ def _oracle(inputs, seed=1):
     return run_cell(reference.lltm_cell, [t.double() for t in inputs], seed=seed)
 
 
-def _rms(t: torch.Tensor) -> float:
-    return t.double().pow(2).mean().sqrt().item() if t.numel() else 0.0
-
-
-def _rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return _rms(actual.double() - expected) / max(_rms(expected), 1e-30)
-
-
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
 @pytest.mark.parametrize(
     "shape", [(1, 1, 1), (3, 5, 7), (0, 4, 6), (16, 32, 128), (17, 33, 129)], ids=_ids
@@ -126,7 +170,7 @@ def test_low_precision_close_to_oracle(shape, dtype):
     tol = ELEMENTWISE_TOL[dtype]
     for name, t, e in zip(NAMES, out + grads, exp_out + exp_grads, strict=True):
         assert t.dtype == dtype, name
-        scale = max(1.0, _rms(e))
+        scale = max(1.0, rms(e))
         torch.testing.assert_close(
             t.double(),
             e,
@@ -136,23 +180,85 @@ def test_low_precision_close_to_oracle(shape, dtype):
         )
 
 
+ACCURACY_SHAPES = [(16, 32, 128), (17, 33, 129)]
+
+
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
-@pytest.mark.parametrize("shape", [(16, 32, 128), (17, 33, 129)], ids=_ids)
+@pytest.mark.parametrize("shape", ACCURACY_SHAPES, ids=_ids)
 @pytest.mark.parametrize("seed", range(2))
 def test_low_precision_as_accurate_as_reference(shape, dtype, seed):
-    # RMS error against the float64 oracle: a stable statistic on this many
-    # elements. Computing in the inputs' dtype, plain PyTorch sets the bar.
+    # Computing in the inputs' dtype, plain PyTorch sets the bar; the same
+    # check runs on CUDA (test_cuda.py).
     inputs = make_inputs(*shape, dtype=dtype, seed=seed)
     out, grads = run_cell(lltm.lltm_cell, inputs)
     ref_out, ref_grads = run_cell(reference.lltm_cell, inputs)
     exp_out, exp_grads = _oracle(inputs)
-    for name, t, r, e in zip(
-        NAMES, out + grads, ref_out + ref_grads, exp_out + exp_grads, strict=True
-    ):
-        ours, theirs = _rms_error(t, e), _rms_error(r, e)
-        assert ours <= 2 * theirs + torch.finfo(dtype).eps / 8, (
-            f"{name}: rms error {ours:.2e}, reference in {dtype}: {theirs:.2e}"
-        )
+    assert_as_accurate_as_reference(
+        NAMES, out + grads, ref_out + ref_grads, exp_out + exp_grads, dtype
+    )
+
+
+# --- The accuracy check itself --------------------------------------------------
+
+
+def _float32_kernel(breakage=None):
+    """The cell computed as lltm's kernels compute 16-bit and float32 inputs
+    (the pre-activations rounded once to the inputs' dtype, the rest in
+    float32, the results rounded), optionally broken the way a kernel can be
+    subtly wrong: a gate scaled by 2 %, an output shifted by a constant."""
+
+    def cell(input, weights, bias, old_h, old_cell):
+        dtype = input.dtype
+        x, w, b, h, c = (t.float() for t in (input, weights, bias, old_h, old_cell))
+        pre = (torch.cat([h, x], 1) @ w.t()).to(dtype).float() + b
+        i, o, g = pre.chunk(3, dim=1)
+        i, o, g = torch.sigmoid(i), torch.sigmoid(o), F.elu(g)
+        if breakage == "candidate_x1.02":
+            g = g * 1.02
+        new_cell = c + g * i
+        new_h = torch.tanh(new_cell) * o
+        if breakage is not None and breakage.startswith("new_h+"):
+            new_h = new_h + float(breakage.removeprefix("new_h+"))
+        return new_h.to(dtype), new_cell.to(dtype)
+
+    return cell
+
+
+def _accuracy_check(cell, dtype, shape=(16, 32, 128), seed=0):
+    inputs = make_inputs(*shape, dtype=dtype, seed=seed)
+    out, grads = run_cell(cell, inputs)
+    ref_out, ref_grads = run_cell(reference.lltm_cell, inputs)
+    exp_out, exp_grads = _oracle(inputs)
+    assert_as_accurate_as_reference(
+        NAMES, out + grads, ref_out + ref_grads, exp_out + exp_grads, dtype
+    )
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+@pytest.mark.parametrize("shape", ACCURACY_SHAPES, ids=_ids)
+def test_accuracy_check_accepts_a_correct_float32_kernel(dtype, shape):
+    _accuracy_check(_float32_kernel(), dtype, shape)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "breakage"),
+    [
+        (torch.bfloat16, "candidate_x1.02"),
+        (torch.bfloat16, "new_h+0.01"),
+        (torch.float16, "candidate_x1.02"),
+        (torch.float16, "new_h+0.01"),
+        (torch.float32, "candidate_x1.02"),
+        (torch.float32, "new_h+0.0001"),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("shape", ACCURACY_SHAPES, ids=_ids)
+def test_accuracy_check_rejects_broken_kernels(dtype, breakage, shape):
+    # Errors that elementwise tolerances of a few percent (or 1e-3 in
+    # float32) let through: the check used for every dtype on CPU and CUDA
+    # must not.
+    with pytest.raises(AssertionError, match="eps"):
+        _accuracy_check(_float32_kernel(breakage), dtype, shape)
 
 
 # --- The composite fallback kernel -------------------------------------------

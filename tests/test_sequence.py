@@ -73,7 +73,8 @@ def loop_of_cells(input, weights, bias, old_h, old_cell, reverse=False):
 def _upstream(outputs, seed=7):
     generator = torch.Generator().manual_seed(seed)
     return [
-        torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.dtype) for t in outputs
+        torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device, t.dtype)
+        for t in outputs
     ]
 
 

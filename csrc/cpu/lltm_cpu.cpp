@@ -134,6 +134,7 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
 std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h,
                                            Tensor old_cell) {
   const Sizes n = check_forward_args(input, weights, bias, old_h, old_cell);
+  selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
   Tensor gates = new_matrix(input, n.batch, 3 * n.state);
   Tensor new_h = new_matrix(input, n.batch, n.state);
   Tensor new_cell = new_matrix(input, n.batch, n.state);
@@ -158,6 +159,7 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
                Tensor old_h, Tensor weights, std::vector<bool> output_mask) {
   const Sizes n = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
   const GradMask want = check_output_mask(output_mask);
+  selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
   // The pointwise pass always runs: every gradient but grad_old_cell needs
   // d_gates, and grad_old_cell is one of its products.
   Tensor d_gates = new_matrix(input, n.batch, 3 * n.state);

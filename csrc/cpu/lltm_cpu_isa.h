@@ -3,14 +3,24 @@
 // On x86-64 with GCC or Clang the vectorized kernels (lltm_cpu_spans.h,
 // lltm_cpu_gemm.h) are compiled a second and third time, for AVX2+FMA and
 // for AVX-512, and the widest set the CPU supports is picked once, at the
-// first call. The baseline (SSE2 on x86-64, NEON on arm64) is always there,
-// so the library runs on any CPU of its architecture. LLTM_CPU_ISA=
-// baseline|avx2 forces a lower set, to test or time every variant on one
-// machine.
+// first kernel call. The baseline (SSE2 on x86-64, NEON on arm64) is always
+// there, so the library runs on any CPU of its architecture.
+// LLTM_CPU_ISA=baseline|avx2|avx512 caps the choice, to test or time every
+// variant on one machine; lltm._C.cpu_isa() and `lltm info` name the set in
+// use.
+//
+// Any other value is an error, raised (as a ValueError) by the first kernel
+// call and by lltm._C.cpu_isa(), and again by every call until it is fixed:
+// silently running another set than the one asked for would make a test or
+// a timing of one variant measure another. Not at import: `import lltm` and
+// `lltm info` must keep working to report the problem, and the choice is made
+// at first use anyway, so a value set after the import still counts.
 #pragma once
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(_MSC_VER)
@@ -44,7 +54,8 @@ inline const char* isa_name(Isa isa) {
   }
 }
 
-inline Isa detect_isa() {
+// The widest set this CPU supports.
+inline Isa best_isa() {
   Isa best = Isa::kBaseline;
 #if LLTM_X86_DISPATCH
   __builtin_cpu_init();
@@ -55,15 +66,27 @@ inline Isa detect_isa() {
     best = Isa::kAvx512;
   }
 #endif
-  // An explicit request can only lower the choice: never run what the CPU
-  // lacks.
-  if (const char* forced = std::getenv("LLTM_CPU_ISA")) {
-    if (std::strcmp(forced, "baseline") == 0) best = Isa::kBaseline;
-    if (std::strcmp(forced, "avx2") == 0 && best == Isa::kAvx512) best = Isa::kAvx2;
-  }
   return best;
 }
 
+// The best set, capped by LLTM_CPU_ISA (unset or empty: no cap). A request
+// can only lower the choice: never run what the CPU lacks.
+inline Isa detect_isa() {
+  const Isa best = best_isa();
+  const char* requested = std::getenv("LLTM_CPU_ISA");
+  if (requested == nullptr || requested[0] == '\0') return best;
+  for (Isa cap : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512}) {
+    if (std::strcmp(requested, isa_name(cap)) == 0) return cap < best ? cap : best;
+  }
+  throw std::invalid_argument(std::string("lltm: LLTM_CPU_ISA=") + requested +
+                              " is not an instruction set of lltm's CPU kernels; use baseline, "
+                              "avx2 or avx512, or unset it for the widest this CPU supports");
+}
+
+// The set in use, chosen at the first call. Throws std::invalid_argument
+// (a ValueError in Python) while LLTM_CPU_ISA is invalid: a static whose
+// initialisation throws is initialised again at the next call. Kernels call
+// it on entry, before any parallel region, so the error reaches the caller.
 inline Isa selected_isa() {
   static const Isa isa = detect_isa();
   return isa;

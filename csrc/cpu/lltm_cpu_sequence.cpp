@@ -288,6 +288,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell,
     std::optional<Tensor> batch_sizes, bool reverse) {
   const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
+  selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   Tensor output = new_sequence_tensor(input, n, n.state);
   Tensor gates = new_sequence_tensor(input, n, 3 * n.state);
@@ -478,6 +479,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                                                        gates, cells, input, weights, old_h,
                                                        batch_sizes);
   const GradMask want = check_output_mask(output_mask);
+  selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const int64_t S = n.state;
   // The running gradients of the state, which end as those of old_h, old_cell.

@@ -98,8 +98,18 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def _cpu_isa() -> tuple[str | None, str | None]:
+    """(instruction set of the CPU kernels, None) or (None, why there is none):
+    an invalid LLTM_CPU_ISA is reported here, not raised."""
+    try:
+        return _C.cpu_isa(), None
+    except ValueError as error:
+        return None, str(error)
+
+
 def collect() -> dict[str, Any]:
     cuda_ok, cuda_why = _backends.cuda_status()
+    cpu_isa, cpu_isa_error = _cpu_isa()
     devices = {
         device: "native" if _backends.has_native_kernel(device) else "composite (fallback)"
         for device in ("cpu", "cuda")
@@ -113,6 +123,8 @@ def collect() -> dict[str, Any]:
         "torch_abi_target": _target_version(_C.torch_target_version),
         "cpu_threads": torch.get_num_threads(),
         "kernels": devices,
+        "cpu_isa": cpu_isa,
+        "cpu_isa_error": cpu_isa_error,
         "cuda_plugin": _backends.PLUGIN.module,
         "cuda_kernels_active": cuda_ok,
         "cuda_status": cuda_why,
@@ -140,6 +152,7 @@ def render(info: dict[str, Any]) -> str:
         ("stable ABI target", f"torch >= {info['torch_abi_target']}"),
         ("CPU threads", str(info["cpu_threads"])),
         *((f"kernel [{dev}]", how) for dev, how in info["kernels"].items()),
+        ("CPU instruction set", info["cpu_isa"] or f"none: {info['cpu_isa_error']}"),
         ("CUDA plugin", info["cuda_plugin"] or "not installed"),
         (
             "CUDA kernels",
