@@ -151,10 +151,16 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0])
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check)."""
+    """ruff (lint + format check) and clang-format (check) on csrc/."""
     session.install(*_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    sources = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "csrc").rglob("*")
+        if p.suffix in (".h", ".cpp", ".cu", ".cuh")
+    )
+    session.run("clang-format", "--dry-run", "--Werror", *sources)
 
 
 @nox.session(python=PYTHONS[0])

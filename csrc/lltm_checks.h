@@ -19,8 +19,8 @@
 
 namespace lltm {
 
-using torch::stable::Tensor;
 using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
 
 inline std::string shape_str(const Tensor& t) {
   std::ostringstream s;
@@ -33,27 +33,48 @@ inline std::string shape_str(const Tensor& t) {
 // The dtype as Python prints it, so that messages match the fake kernels'.
 inline std::string dtype_str(ScalarType t) {
   switch (t) {
-    case ScalarType::Float: return "torch.float32";
-    case ScalarType::Double: return "torch.float64";
-    case ScalarType::Half: return "torch.float16";
-    case ScalarType::Byte: return "torch.uint8";
-    case ScalarType::Char: return "torch.int8";
-    case ScalarType::Short: return "torch.int16";
-    case ScalarType::Int: return "torch.int32";
-    case ScalarType::Long: return "torch.int64";
-    case ScalarType::ComplexHalf: return "torch.complex32";
-    case ScalarType::ComplexFloat: return "torch.complex64";
-    case ScalarType::ComplexDouble: return "torch.complex128";
-    case ScalarType::BFloat16: return "torch.bfloat16";
-    case ScalarType::Bool: return "torch.bool";
-    case ScalarType::UInt16: return "torch.uint16";
-    case ScalarType::UInt32: return "torch.uint32";
-    case ScalarType::UInt64: return "torch.uint64";
-    case ScalarType::Float8_e5m2: return "torch.float8_e5m2";
-    case ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
-    case ScalarType::Float8_e5m2fnuz: return "torch.float8_e5m2fnuz";
-    case ScalarType::Float8_e4m3fnuz: return "torch.float8_e4m3fnuz";
-    default: return "an unsupported dtype (ScalarType " + std::to_string(static_cast<int>(t)) + ")";
+    case ScalarType::Float:
+      return "torch.float32";
+    case ScalarType::Double:
+      return "torch.float64";
+    case ScalarType::Half:
+      return "torch.float16";
+    case ScalarType::Byte:
+      return "torch.uint8";
+    case ScalarType::Char:
+      return "torch.int8";
+    case ScalarType::Short:
+      return "torch.int16";
+    case ScalarType::Int:
+      return "torch.int32";
+    case ScalarType::Long:
+      return "torch.int64";
+    case ScalarType::ComplexHalf:
+      return "torch.complex32";
+    case ScalarType::ComplexFloat:
+      return "torch.complex64";
+    case ScalarType::ComplexDouble:
+      return "torch.complex128";
+    case ScalarType::BFloat16:
+      return "torch.bfloat16";
+    case ScalarType::Bool:
+      return "torch.bool";
+    case ScalarType::UInt16:
+      return "torch.uint16";
+    case ScalarType::UInt32:
+      return "torch.uint32";
+    case ScalarType::UInt64:
+      return "torch.uint64";
+    case ScalarType::Float8_e5m2:
+      return "torch.float8_e5m2";
+    case ScalarType::Float8_e4m3fn:
+      return "torch.float8_e4m3fn";
+    case ScalarType::Float8_e5m2fnuz:
+      return "torch.float8_e5m2fnuz";
+    case ScalarType::Float8_e4m3fnuz:
+      return "torch.float8_e4m3fnuz";
+    default:
+      return "an unsupported dtype (ScalarType " + std::to_string(static_cast<int>(t)) + ")";
   }
 }
 
@@ -63,8 +84,8 @@ inline std::string dtype_str(ScalarType t) {
 
 inline void check_supported_dtype(const Tensor& input) {
   const ScalarType t = input.scalar_type();
-  if (!(t == ScalarType::Float || t == ScalarType::Double ||
-        t == ScalarType::Half || t == ScalarType::BFloat16)) {
+  if (!(t == ScalarType::Float || t == ScalarType::Double || t == ScalarType::Half ||
+        t == ScalarType::BFloat16)) {
     fail("input has dtype " + dtype_str(t) +
          "; expected torch.float32, torch.float64, torch.float16 or "
          "torch.bfloat16");
@@ -72,12 +93,12 @@ inline void check_supported_dtype(const Tensor& input) {
 }
 
 // `expected` spells the expected shape, e.g. "(batch, state_size)".
-inline void check_matrix(const Tensor& t, const char* name, int64_t rows,
-                         int64_t cols, const char* expected) {
+inline void check_matrix(const Tensor& t, const char* name, int64_t rows, int64_t cols,
+                         const char* expected) {
   if (t.dim() != 2 || t.size(0) != rows || t.size(1) != cols) {
     std::ostringstream s;
-    s << name << " must have shape " << expected << " = (" << rows << ", "
-      << cols << "), got " << shape_str(t);
+    s << name << " must have shape " << expected << " = (" << rows << ", " << cols << "), got "
+      << shape_str(t);
     fail(s.str());
   }
 }
@@ -88,22 +109,20 @@ inline void check_matrix(const Tensor& t, const char* name, int64_t rows,
 // the argument that disagrees the way a caller reads it: a module's weights
 // are rarely what is wrong, the input or state handed to it usually is.
 inline void check_weights(const Tensor& weights, int64_t state, int64_t features) {
-  if (weights.dim() == 2 && weights.size(0) == 3 * state &&
-      weights.size(1) == state + features) {
+  if (weights.dim() == 2 && weights.size(0) == 3 * state && weights.size(1) == state + features) {
     return;
   }
   const char* layout = "(3 * state_size, state_size + input_features)";
   std::ostringstream s;
-  if (weights.dim() == 2 && weights.size(0) % 3 == 0 &&
-      weights.size(1) >= weights.size(0) / 3) {
+  if (weights.dim() == 2 && weights.size(0) % 3 == 0 && weights.size(1) >= weights.size(0) / 3) {
     const int64_t weights_state = weights.size(0) / 3;
     const int64_t weights_features = weights.size(1) - weights_state;
     if (weights_state != state) {
       s << "old_h has state_size = " << state << "; the weights expect " << weights_state
         << " (weights have shape " << shape_str(weights) << " = " << layout << ")";
     } else {
-      s << "input has input_features = " << features << "; the weights expect "
-        << weights_features << " (weights have shape " << shape_str(weights) << " = " << layout
+      s << "input has input_features = " << features << "; the weights expect " << weights_features
+        << " (weights have shape " << shape_str(weights) << " = " << layout
         << " with state_size = " << state << ")";
     }
     fail(s.str());
@@ -114,12 +133,11 @@ inline void check_weights(const Tensor& weights, int64_t state, int64_t features
 }
 
 // dtype and device of every tensor must match those of `first`.
-inline void check_same_dtype_and_device(const Tensor& first,
-                                        const char* first_name,
+inline void check_same_dtype_and_device(const Tensor& first, const char* first_name,
                                         const Tensor& t, const char* name) {
   if (t.scalar_type() != first.scalar_type()) {
-    fail(std::string(name) + " has dtype " + dtype_str(t.scalar_type()) +
-         " but " + first_name + " has " + dtype_str(first.scalar_type()) +
+    fail(std::string(name) + " has dtype " + dtype_str(t.scalar_type()) + " but " + first_name +
+         " has " + dtype_str(first.scalar_type()) +
          "; all arguments must share one floating dtype");
   }
   if (!(t.device() == first.device())) {
@@ -133,21 +151,18 @@ struct Sizes {
   int64_t batch, features, state;
 };
 
-inline Sizes check_forward_args(const Tensor& input, const Tensor& weights,
-                                const Tensor& bias, const Tensor& old_h,
-                                const Tensor& old_cell) {
+inline Sizes check_forward_args(const Tensor& input, const Tensor& weights, const Tensor& bias,
+                                const Tensor& old_h, const Tensor& old_cell) {
   check_supported_dtype(input);
   check_same_dtype_and_device(input, "input", weights, "weights");
   check_same_dtype_and_device(input, "input", bias, "bias");
   check_same_dtype_and_device(input, "input", old_h, "old_h");
   check_same_dtype_and_device(input, "input", old_cell, "old_cell");
   if (input.dim() != 2) {
-    fail("input must be 2-D (batch, input_features), got shape " +
-         shape_str(input));
+    fail("input must be 2-D (batch, input_features), got shape " + shape_str(input));
   }
   if (old_h.dim() != 2) {
-    fail("old_h must be 2-D (batch, state_size), got shape " +
-         shape_str(old_h));
+    fail("old_h must be 2-D (batch, state_size), got shape " + shape_str(old_h));
   }
   const Sizes n{input.size(0), input.size(1), old_h.size(1)};
   check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
@@ -155,17 +170,16 @@ inline Sizes check_forward_args(const Tensor& input, const Tensor& weights,
   check_weights(weights, n.state, n.features);
   if (bias.dim() != 1 || bias.size(0) != 3 * n.state) {
     std::ostringstream s;
-    s << "bias must have shape (3 * state_size,) = (" << 3 * n.state
-      << ",), got " << shape_str(bias);
+    s << "bias must have shape (3 * state_size,) = (" << 3 * n.state << ",), got "
+      << shape_str(bias);
     fail(s.str());
   }
   return n;
 }
 
 inline Sizes check_backward_args(const Tensor& grad_h, const Tensor& grad_cell,
-                                 const Tensor& new_cell, const Tensor& gates,
-                                 const Tensor& input, const Tensor& old_h,
-                                 const Tensor& weights) {
+                                 const Tensor& new_cell, const Tensor& gates, const Tensor& input,
+                                 const Tensor& old_h, const Tensor& weights) {
   check_supported_dtype(input);
   check_same_dtype_and_device(input, "input", grad_h, "grad_h");
   check_same_dtype_and_device(input, "input", grad_cell, "grad_cell");
@@ -174,8 +188,8 @@ inline Sizes check_backward_args(const Tensor& grad_h, const Tensor& grad_cell,
   check_same_dtype_and_device(input, "input", old_h, "old_h");
   check_same_dtype_and_device(input, "input", weights, "weights");
   if (input.dim() != 2 || old_h.dim() != 2) {
-    fail("input and old_h must be 2-D, got shapes " + shape_str(input) +
-         " and " + shape_str(old_h));
+    fail("input and old_h must be 2-D, got shapes " + shape_str(input) + " and " +
+         shape_str(old_h));
   }
   const Sizes n{input.size(0), input.size(1), old_h.size(1)};
   check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
@@ -206,11 +220,11 @@ inline void check_sequence_layout(const Tensor& t, const char* name, const Seque
   if (!ok) {
     std::ostringstream s;
     if (n.packed) {
-      s << name << " must have shape (sum(batch_sizes), " << width_name << ") = (" << n.rows
-        << ", " << width << ")";
+      s << name << " must have shape (sum(batch_sizes), " << width_name << ") = (" << n.rows << ", "
+        << width << ")";
     } else {
-      s << name << " must have shape (seq_len, batch, " << width_name << ") = (" << n.steps
-        << ", " << n.batch << ", " << width << ")";
+      s << name << " must have shape (seq_len, batch, " << width_name << ") = (" << n.steps << ", "
+        << n.batch << ", " << width << ")";
     }
     s << ", got " << shape_str(t);
     fail(s.str());
@@ -239,8 +253,10 @@ inline SequenceSizes sequence_sizes(const Tensor& input, const Tensor& old_h,
   if (n.packed) {
     check_batch_sizes_tensor(*batch_sizes);
     if (input.dim() != 2) {
-      fail("input must be 2-D (sum(batch_sizes), input_features) when batch_sizes is given, got "
-           "shape " + shape_str(input));
+      fail(
+          "input must be 2-D (sum(batch_sizes), input_features) when batch_sizes is given, got "
+          "shape " +
+          shape_str(input));
     }
     n.steps = batch_sizes->size(0);
     n.batch = old_h.size(0);
@@ -283,15 +299,19 @@ inline SequenceSizes check_sequence_args(const Tensor& input, const Tensor& weig
   return n;
 }
 
-inline SequenceSizes check_sequence_backward_args(
-    const std::optional<Tensor>& grad_output, const std::optional<Tensor>& grad_h_n,
-    const std::optional<Tensor>& grad_c_n, const Tensor& output, const Tensor& gates,
-    const Tensor& cells, const Tensor& input, const Tensor& weights, const Tensor& old_h,
-    const std::optional<Tensor>& batch_sizes) {
+inline SequenceSizes check_sequence_backward_args(const std::optional<Tensor>& grad_output,
+                                                  const std::optional<Tensor>& grad_h_n,
+                                                  const std::optional<Tensor>& grad_c_n,
+                                                  const Tensor& output, const Tensor& gates,
+                                                  const Tensor& cells, const Tensor& input,
+                                                  const Tensor& weights, const Tensor& old_h,
+                                                  const std::optional<Tensor>& batch_sizes) {
   check_supported_dtype(input);
-  const std::pair<const Tensor*, const char*> others[] = {
-      {&output, "output"}, {&gates, "gates"}, {&cells, "cells"},
-      {&weights, "weights"}, {&old_h, "old_h"}};
+  const std::pair<const Tensor*, const char*> others[] = {{&output, "output"},
+                                                          {&gates, "gates"},
+                                                          {&cells, "cells"},
+                                                          {&weights, "weights"},
+                                                          {&old_h, "old_h"}};
   for (const auto& [t, name] : others) check_same_dtype_and_device(input, "input", *t, name);
   const std::pair<const std::optional<Tensor>*, const char*> grads[] = {
       {&grad_output, "grad_output"}, {&grad_h_n, "grad_h_n"}, {&grad_c_n, "grad_c_n"}};
@@ -307,8 +327,10 @@ inline SequenceSizes check_sequence_backward_args(
   if (grad_output.has_value()) {
     check_sequence_layout(*grad_output, "grad_output", n, n.state, "state_size");
   }
-  if (grad_h_n.has_value()) check_matrix(*grad_h_n, "grad_h_n", n.batch, n.state, "(batch, state_size)");
-  if (grad_c_n.has_value()) check_matrix(*grad_c_n, "grad_c_n", n.batch, n.state, "(batch, state_size)");
+  if (grad_h_n.has_value())
+    check_matrix(*grad_h_n, "grad_h_n", n.batch, n.state, "(batch, state_size)");
+  if (grad_c_n.has_value())
+    check_matrix(*grad_c_n, "grad_c_n", n.batch, n.state, "(batch, state_size)");
   check_weights(weights, n.state, n.features);
   return n;
 }
@@ -351,8 +373,10 @@ struct GradMask {
 
 inline GradMask check_output_mask(const std::vector<bool>& mask) {
   if (mask.size() != 5) {
-    fail("output_mask must have 5 entries (input, weights, bias, old_h, "
-         "old_cell), got " + std::to_string(mask.size()));
+    fail(
+        "output_mask must have 5 entries (input, weights, bias, old_h, "
+        "old_cell), got " +
+        std::to_string(mask.size()));
   }
   return {mask[0], mask[1], mask[2], mask[3], mask[4]};
 }

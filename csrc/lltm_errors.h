@@ -42,8 +42,7 @@ inline TorchMessageFn torch_message_function() {
     constexpr const char* kName = "torch_exception_get_what_without_backtrace";
 #if defined(_WIN32)
     HMODULE torch_cpu = GetModuleHandleA("torch_cpu.dll");
-    return torch_cpu ? reinterpret_cast<TorchMessageFn>(GetProcAddress(torch_cpu, kName))
-                     : nullptr;
+    return torch_cpu ? reinterpret_cast<TorchMessageFn>(GetProcAddress(torch_cpu, kName)) : nullptr;
 #else
 #if defined(__APPLE__)
     constexpr const char* kLibrary = "libtorch_cpu.dylib";
@@ -86,9 +85,9 @@ auto with_torch_message(const char* what, Fn&& fn) -> decltype(fn()) {
 }  // namespace lltm
 
 // For every shim call: on failure, throws with `what` and torch's message.
-#define LLTM_CHECK_TORCH(call, what)               \
-  do {                                             \
-    if ((call) != AOTI_TORCH_SUCCESS) {            \
-      ::lltm::fail_torch_call(what);               \
-    }                                              \
+#define LLTM_CHECK_TORCH(call, what)    \
+  do {                                  \
+    if ((call) != AOTI_TORCH_SUCCESS) { \
+      ::lltm::fail_torch_call(what);    \
+    }                                   \
   } while (0)

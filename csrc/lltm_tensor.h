@@ -10,12 +10,12 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
-#include "lltm_errors.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
+
+#include "lltm_errors.h"
 
 namespace lltm {
 
@@ -48,26 +48,32 @@ Matrix<T> row_of(const Tensor& t) {
 inline Tensor new_matrix(const Tensor& like, int64_t rows, int64_t cols) {
   int32_t dtype = 0, device_type = 0, device_index = 0;
   LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type),
+                   "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index),
+                   "reading a tensor's dtype and device");
   const int64_t sizes[] = {rows, cols};
   const int64_t strides[] = {cols, 1};
   AtenTensorHandle out = nullptr;
   LLTM_CHECK_TORCH(
-      aoti_torch_empty_strided(2, sizes, strides, dtype, device_type, device_index, &out), "allocating an output tensor");
+      aoti_torch_empty_strided(2, sizes, strides, dtype, device_type, device_index, &out),
+      "allocating an output tensor");
   return Tensor(out);
 }
 
 inline Tensor new_vector(const Tensor& like, int64_t size) {
   int32_t dtype = 0, device_type = 0, device_index = 0;
   LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type),
+                   "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index),
+                   "reading a tensor's dtype and device");
   const int64_t sizes[] = {size};
   const int64_t strides[] = {1};
   AtenTensorHandle out = nullptr;
   LLTM_CHECK_TORCH(
-      aoti_torch_empty_strided(1, sizes, strides, dtype, device_type, device_index, &out), "allocating an output tensor");
+      aoti_torch_empty_strided(1, sizes, strides, dtype, device_type, device_index, &out),
+      "allocating an output tensor");
   return Tensor(out);
 }
 
@@ -75,8 +81,10 @@ inline Tensor new_vector(const Tensor& like, int64_t size) {
 inline Tensor new_contiguous(const Tensor& like, std::initializer_list<int64_t> sizes) {
   int32_t dtype = 0, device_type = 0, device_index = 0;
   LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index), "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type),
+                   "reading a tensor's dtype and device");
+  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index),
+                   "reading a tensor's dtype and device");
   std::vector<int64_t> shape(sizes), strides(shape.size());
   int64_t stride = 1;
   for (size_t d = shape.size(); d-- > 0;) {
@@ -85,8 +93,7 @@ inline Tensor new_contiguous(const Tensor& like, std::initializer_list<int64_t> 
   }
   AtenTensorHandle out = nullptr;
   LLTM_CHECK_TORCH(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()), shape.data(),
-                                            strides.data(), dtype, device_type, device_index,
-                                            &out),
+                                            strides.data(), dtype, device_type, device_index, &out),
                    "allocating an output tensor");
   return Tensor(out);
 }
@@ -98,7 +105,8 @@ inline Tensor reshaped_view(const Tensor& t, int64_t rows, int64_t cols, int64_t
   const int64_t sizes[] = {rows, cols};
   const int64_t strides[] = {row_stride, col_stride};
   AtenTensorHandle out = nullptr;
-  LLTM_CHECK_TORCH(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, offset, &out), "making a view of a tensor");
+  LLTM_CHECK_TORCH(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, offset, &out),
+                   "making a view of a tensor");
   return Tensor(out);
 }
 
@@ -106,7 +114,8 @@ inline Tensor reshaped_view(const Tensor& t, int64_t rows, int64_t cols, int64_t
 // goes through the dispatcher even when there is nothing to do.
 inline Tensor dense(const Tensor& t) {
   if (t.is_contiguous()) return t;
-  return with_torch_message("making a contiguous copy", [&] { return torch::stable::contiguous(t); });
+  return with_torch_message("making a contiguous copy",
+                            [&] { return torch::stable::contiguous(t); });
 }
 
 // dst = src (same shape; any device), on the current stream.
@@ -136,7 +145,8 @@ inline Tensor column_block(const Tensor& t, int64_t first, int64_t count, bool t
                                   transposed ? strides[0] : strides[1]};
   AtenTensorHandle out = nullptr;
   LLTM_CHECK_TORCH(
-      aoti_torch__reinterpret_tensor(t.get(), 2, sizes, view_strides, first * strides[1], &out), "making a view of a tensor");
+      aoti_torch__reinterpret_tensor(t.get(), 2, sizes, view_strides, first * strides[1], &out),
+      "making a view of a tensor");
   return Tensor(out);
 }
 

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <Python.h>
-
 #include <torch/csrc/stable/version.h>
 
 #define LLTM_STRINGIFY_(x) #x
@@ -16,19 +15,17 @@
 // Defines PyInit_<name> for a module with the functions of `methods` (a
 // PyMethodDef table, or nullptr) and the constants that add_constants(module)
 // adds.
-#define LLTM_DEFINE_PYTHON_MODULE(name, add_constants, methods)            \
-  static struct PyModuleDef lltm_module_def = {                            \
-      PyModuleDef_HEAD_INIT, #name, "lltm operator library", -1, methods}; \
-  PyMODINIT_FUNC PyInit_##name(void) {                                     \
-    PyObject* module = PyModule_Create(&lltm_module_def);                  \
-    if (module == nullptr) return nullptr;                                 \
-    if (PyModule_AddStringConstant(                                        \
-            module,                                                        \
-            "torch_target_version",                                        \
-            LLTM_STRINGIFY(TORCH_TARGET_VERSION)) < 0 ||                   \
-        !(add_constants)(module)) {                                        \
-      Py_DECREF(module);                                                   \
-      return nullptr;                                                      \
-    }                                                                      \
-    return module;                                                         \
+#define LLTM_DEFINE_PYTHON_MODULE(name, add_constants, methods)                       \
+  static struct PyModuleDef lltm_module_def = {PyModuleDef_HEAD_INIT, #name,          \
+                                               "lltm operator library", -1, methods}; \
+  PyMODINIT_FUNC PyInit_##name(void) {                                                \
+    PyObject* module = PyModule_Create(&lltm_module_def);                             \
+    if (module == nullptr) return nullptr;                                            \
+    if (PyModule_AddStringConstant(module, "torch_target_version",                    \
+                                   LLTM_STRINGIFY(TORCH_TARGET_VERSION)) < 0 ||       \
+        !(add_constants)(module)) {                                                   \
+      Py_DECREF(module);                                                              \
+      return nullptr;                                                                 \
+    }                                                                                 \
+    return module;                                                                    \
   }

@@ -57,8 +57,8 @@ void forward_pointwise(Tensor& gates, const Tensor& old_cell, Tensor& new_h, Ten
   auto rows = [&](int64_t begin, int64_t end) {
     ForwardBuffers<T> buf;
     for (int64_t r = begin; r < end; ++r) {
-      forward_row(buf, g.row(r), RowRef<const scalar_t>{c0.row(r), c0.col_stride},
-                  h1 + r * state, c1 + r * state, state);
+      forward_row(buf, g.row(r), RowRef<const scalar_t>{c0.row(r), c0.col_stride}, h1 + r * state,
+                  c1 + r * state, state);
     }
   };
   if (worth_parallel(batch * state)) {
@@ -144,8 +144,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor 
   // brings back stays finite). The pointwise pass then activates them.
   addmm_out(gates, bias, x, transposed(weights), /*beta=*/1.0);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_forward_cpu", AT_WRAP([&] {
-                    forward_pointwise<scalar_t>(gates, old_cell, new_h, new_cell, n.batch,
-                                                n.state);
+                    forward_pointwise<scalar_t>(gates, old_cell, new_h, new_cell, n.batch, n.state);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                   torch::headeronly::ScalarType::BFloat16);
@@ -168,9 +167,8 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
   if (want.bias) grad_bias = new_vector(weights, 3 * n.state);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_backward_cpu", AT_WRAP([&] {
                     backward_pointwise<scalar_t>(grad_h, grad_cell, new_cell, gates, d_gates,
-                                                 grad_old_cell,
-                                                 grad_bias ? &*grad_bias : nullptr, n.batch,
-                                                 n.state);
+                                                 grad_old_cell, grad_bias ? &*grad_bias : nullptr,
+                                                 n.batch, n.state);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                   torch::headeronly::ScalarType::BFloat16);
@@ -179,8 +177,7 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
   std::optional<Tensor> grad_weights;
   if (want.weights) {
     grad_weights = new_matrix(weights, 3 * n.state, n.state + n.features);
-    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), concat_h_x(old_h, input, n),
-              0.0);
+    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), concat_h_x(old_h, input, n), 0.0);
   }
   // grad_[old_h, input] = d_gates @ W, only the blocks wanted: with inputs
   // that need no grad, as in the tutorial's own benchmark, no product runs.
@@ -197,8 +194,8 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
   } else if (want.old_h) {
     addmm_out(*grad_old_h, *grad_old_h, d_gates, column_block(weights, 0, n.state, false), 0.0);
   } else if (want.input) {
-    addmm_out(*grad_input, *grad_input, d_gates,
-              column_block(weights, n.state, n.features, false), 0.0);
+    addmm_out(*grad_input, *grad_input, d_gates, column_block(weights, n.state, n.features, false),
+              0.0);
   }
   return {grad_input, grad_weights, grad_bias, grad_old_h,
           want.old_cell ? std::optional<Tensor>(grad_old_cell) : std::nullopt};

@@ -90,8 +90,8 @@ LLTM_ALWAYS_INLINE void store_vec(T* p, const V& v) {
 // One register tile: rows a[0..kRows) by one panel (3 vectors of kLanes).
 // `cols` < the panel width only in the last panel, whose tail is not stored.
 template <typename T, int kLanes, int kRows>
-LLTM_ALWAYS_INLINE void gemm_tile(const T* const* a, const T* panel, int64_t k, T* c,
-                                  int64_t ldc, int64_t cols, bool accumulate) {
+LLTM_ALWAYS_INLINE void gemm_tile(const T* const* a, const T* panel, int64_t k, T* c, int64_t ldc,
+                                  int64_t cols, bool accumulate) {
   using V = typename VecOf<T, kLanes>::type;
   constexpr int64_t kPanel = 3 * kLanes;
   V acc[kRows][3];
@@ -163,8 +163,8 @@ LLTM_ALWAYS_INLINE void gemm_body(int64_t m, const T* const* a, const T* packed,
 }
 
 template <typename T>
-LLTM_TARGET_AVX2 void gemm_avx2(int64_t m, const T* const* a, const T* packed, int64_t k,
-                                int64_t n, T* c, int64_t ldc, bool accumulate) {
+LLTM_TARGET_AVX2 void gemm_avx2(int64_t m, const T* const* a, const T* packed, int64_t k, int64_t n,
+                                T* c, int64_t ldc, bool accumulate) {
   gemm_body<T, 32 / sizeof(T), 4>(m, a, packed, k, n, c, ldc, accumulate);
 }
 

@@ -115,8 +115,8 @@ void forward_row(ForwardBuffers<T>& buf, scalar_t* gates, RowRef<const scalar_t>
 // Staging space of one thread for backward_span.
 template <typename T>
 struct BackwardBuffers {
-  T grad_h[kSpan], grad_cell[kSpan], new_cell[kSpan], gate_i[kSpan], gate_o[kSpan],
-      gate_g[kSpan], d_gate_i[kSpan], d_gate_o[kSpan], d_gate_g[kSpan], grad_old_cell[kSpan];
+  T grad_h[kSpan], grad_cell[kSpan], new_cell[kSpan], gate_i[kSpan], gate_o[kSpan], gate_g[kSpan],
+      d_gate_i[kSpan], d_gate_o[kSpan], d_gate_g[kSpan], grad_old_cell[kSpan];
 };
 
 // Columns [j, j + len) of one row of the backward pass: d_gates (a dense row

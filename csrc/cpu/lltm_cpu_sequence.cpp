@@ -191,8 +191,8 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
           a_rows[r - first] = x_data + (schedule.starts[t] + r) * x_stride;
           std::copy(b.begin(), b.end(), step_gates + (r - first) * 3 * S);
         }
-        packed->run(end - first, a_rows.data(), w_x_t->data.get(), n.features, 3 * S,
-                    step_gates, 3 * S, /*accumulate=*/true);
+        packed->run(end - first, a_rows.data(), w_x_t->data.get(), n.features, 3 * S, step_gates,
+                    3 * S, /*accumulate=*/true);
         for (int64_t r = first; r < end; ++r) a_rows[r - first] = h_prev(k, r);
         packed->run(end - first, a_rows.data(), w_h_t->data.get(), S, 3 * S, step_gates, 3 * S,
                     /*accumulate=*/true);
@@ -229,7 +229,8 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
         std::copy(x_row, x_row + n.features, in + r * (S + n.features) + S);
       }
       Tensor step_gates = reshaped_view(gates, size, 3 * S, 3 * S, 1, start * 3 * S);
-      addmm_out(step_gates, bias, reshaped_view(*step_input, size, S + n.features, S + n.features, 1),
+      addmm_out(step_gates, bias,
+                reshaped_view(*step_input, size, S + n.features, S + n.features, 1),
                 transposed(weights), 1.0);
     } else if (size > 0) {
       // The previous rows in contiguous blocks: the previous step's, then
@@ -238,12 +239,11 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
       if (carried > 0) {
         Tensor first_rows = reshaped_view(gates, carried, 3 * S, 3 * S, 1, start * 3 * S);
         addmm_out(first_rows, first_rows,
-                  reshaped_view(output, carried, S, S, 1, previous_start * S), w_h_transposed,
-                  1.0);
+                  reshaped_view(output, carried, S, S, 1, previous_start * S), w_h_transposed, 1.0);
       }
       if (size > carried) {
-        Tensor joining = reshaped_view(gates, size - carried, 3 * S, 3 * S, 1,
-                                       (start + carried) * 3 * S);
+        Tensor joining =
+            reshaped_view(gates, size - carried, 3 * S, 3 * S, 1, (start + carried) * 3 * S);
         const Tensor h_rows = reshaped_view(h0, size - carried, S, h0.stride(0), h0.stride(1),
                                             carried * h0.stride(0));
         addmm_out(joining, joining, h_rows, w_h_transposed, 1.0);
@@ -339,8 +339,7 @@ template <typename scalar_t>
 void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                              const std::optional<Tensor>& grad_output, const Tensor& gates,
                              const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                             Tensor& grad_h, Tensor& grad_c, scalar_t* grad_bias,
-                             bool want_old_h) {
+                             Tensor& grad_h, Tensor& grad_c, scalar_t* grad_bias, bool want_old_h) {
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
   const SequenceRows<const scalar_t> g(gates, n), c1(cells, n);
@@ -357,16 +356,15 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                 weights.stride(1), packed->panel);
   }
   const Tensor w_h_view = column_block(weights, 0, S, false);
-  const RowBlocks blocks = packed != nullptr ? split_rows(n.batch, n.rows * 3 * S * S)
-                                             : RowBlocks{1, n.batch};
+  const RowBlocks blocks =
+      packed != nullptr ? split_rows(n.batch, n.rows * 3 * S * S) : RowBlocks{1, n.batch};
   std::vector<BackwardWorkspace<scalar_t>> workspaces;
   workspaces.reserve(blocks.count);
   for (int64_t b = 0; b < blocks.count; ++b) workspaces.emplace_back(S);
 
   // d_gates of rows [first, end) of step t and the gradient of c_prev (into
   // grad_c); their d_gates also join the workspace's grad_bias sums.
-  auto pointwise = [&](BackwardWorkspace<scalar_t>& ws, int64_t start, int64_t first,
-                       int64_t end) {
+  auto pointwise = [&](BackwardWorkspace<scalar_t>& ws, int64_t start, int64_t first, int64_t end) {
     T* bias = ws.bias.data();
     for (int64_t r = first; r < end; ++r) {
       const int64_t row = start + r;
@@ -420,8 +418,8 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
       pointwise(workspaces[0], start, 0, size);
       if (size > 0 && (k > 0 || want_old_h)) {
         Tensor dh_rows = reshaped_view(grad_h, size, S, S, 1, 0);
-        addmm_out(dh_rows, dh_rows,
-                  reshaped_view(d_gates, size, 3 * S, 3 * S, 1, start * 3 * S), w_h_view, 0.0);
+        addmm_out(dh_rows, dh_rows, reshaped_view(d_gates, size, 3 * S, 3 * S, 1, start * 3 * S),
+                  w_h_view, 0.0);
       }
     }
   }
@@ -459,8 +457,9 @@ void previous_state_and_input(const SequenceSizes& n, const Schedule& schedule,
     const int64_t previous_start = k == 0 ? 0 : schedule.starts[schedule.step(k - 1)];
     for (int64_t r = 0; r < schedule.sizes[t]; ++r) {
       scalar_t* row = out + (schedule.starts[t] + r) * (S + F);
-      const RowRef<const scalar_t> h =
-          r < previous ? y.row(previous_start + r) : RowRef<const scalar_t>{h0.row(r), h0.col_stride};
+      const RowRef<const scalar_t> h = r < previous
+                                           ? y.row(previous_start + r)
+                                           : RowRef<const scalar_t>{h0.row(r), h0.col_stride};
       copy_row(h, S, row);
       copy_row(in.row(schedule.starts[t] + r), F, row + S);
     }
@@ -475,9 +474,8 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                         Tensor input, Tensor weights, Tensor old_h,
                         std::optional<Tensor> batch_sizes, bool reverse,
                         std::vector<bool> output_mask) {
-  const SequenceSizes n = check_sequence_backward_args(grad_output, grad_h_n, grad_c_n, output,
-                                                       gates, cells, input, weights, old_h,
-                                                       batch_sizes);
+  const SequenceSizes n = check_sequence_backward_args(
+      grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
   const GradMask want = check_output_mask(output_mask);
   selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);

@@ -107,8 +107,7 @@ LLTM_ALWAYS_INLINE void backward_span_loop(int64_t n, const T* __restrict dh,
 // vectorize (it does not trust restrict on pointers read from a struct).
 template <typename T, typename MulAdd>
 LLTM_ALWAYS_INLINE void forward_span_body(const ForwardSpan<T>& s, int64_t n) {
-  forward_span_loop<T, MulAdd>(n, s.gate_i, s.gate_o, s.gate_g, s.old_cell, s.new_h,
-                               s.new_cell);
+  forward_span_loop<T, MulAdd>(n, s.gate_i, s.gate_o, s.gate_g, s.old_cell, s.new_h, s.new_cell);
 }
 
 template <typename T, typename MulAdd>

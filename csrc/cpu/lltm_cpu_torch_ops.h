@@ -16,8 +16,9 @@ namespace lltm::cpu {
 // out = beta * self + mat1 @ mat2 (self may alias out; beta = 0 ignores it).
 inline void addmm_out(Tensor& out, const Tensor& self, const Tensor& mat1, const Tensor& mat2,
                       double beta) {
-  LLTM_CHECK_TORCH(aoti_torch_cpu_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0),
-                   "the matrix product (torch's addmm)");
+  LLTM_CHECK_TORCH(
+      aoti_torch_cpu_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0),
+      "the matrix product (torch's addmm)");
 }
 
 // dst[:, first : first + src.cols] = src, any strides, any 2/4/8-byte dtype.

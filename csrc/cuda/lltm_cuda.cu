@@ -49,8 +49,7 @@ Tensor concat_h_x(const Tensor& old_h, const Tensor& input, const Sizes& n) {
   return x;
 }
 
-std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights,
-                                           Tensor bias, Tensor old_h,
+std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h,
                                            Tensor old_cell) {
   const Sizes n = check_forward_args(input, weights, bias, old_h, old_cell);
   // Allocations, GEMMs and kernels all go to the tensors' device.
@@ -65,17 +64,19 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights,
   Tensor new_h = new_matrix(input, n.batch, n.state);
   Tensor new_cell = new_matrix(input, n.batch, n.state);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_forward_cuda", AT_WRAP([&] {
-    forward_pointwise<scalar_t>(gates, old_cell_c, new_h, new_cell, n.batch, n.state);
-  }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
+                    forward_pointwise<scalar_t>(gates, old_cell_c, new_h, new_cell, n.batch,
+                                                n.state);
+                  }),
+                  AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                  torch::headeronly::ScalarType::BFloat16);
   return {new_h, new_cell, gates};
 }
 
 using Grads = std::tuple<std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
                          std::optional<Tensor>, std::optional<Tensor>>;
 
-Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
-               Tensor input, Tensor old_h, Tensor weights,
-               std::vector<bool> output_mask) {
+Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, Tensor input,
+               Tensor old_h, Tensor weights, std::vector<bool> output_mask) {
   const Sizes n = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
   const GradMask want = check_output_mask(output_mask);
   const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
@@ -87,8 +88,11 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
   Tensor d_gates = new_matrix(input, n.batch, 3 * n.state);
   Tensor grad_old_cell = new_matrix(input, n.batch, n.state);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_backward_cuda", AT_WRAP([&] {
-    backward_pointwise<scalar_t>(grad_h_c, grad_cell_c, new_cell_c, gates_c, d_gates, grad_old_cell, n.batch, n.state);
-  }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
+                    backward_pointwise<scalar_t>(grad_h_c, grad_cell_c, new_cell_c, gates_c,
+                                                 d_gates, grad_old_cell, n.batch, n.state);
+                  }),
+                  AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                  torch::headeronly::ScalarType::BFloat16);
 
   // grad_weights = d_gates^T @ [old_h, input], as two GEMMs into its column
   // blocks: no copy of [old_h, input] (the CPU makes one, cheaper there than
@@ -112,7 +116,8 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates,
   }
   if (want.input) {
     grad_input = new_matrix(input, n.batch, n.features);
-    addmm_out(*grad_input, *grad_input, d_gates, column_block(weights, n.state, n.features, false), 0.0);
+    addmm_out(*grad_input, *grad_input, d_gates, column_block(weights, n.state, n.features, false),
+              0.0);
   }
   return {grad_input, grad_weights, grad_bias, grad_old_h,
           want.old_cell ? std::optional<Tensor>(grad_old_cell) : std::nullopt};
@@ -131,8 +136,8 @@ std::string kernel_image_problem(int device) {
   // Loads the module's code for this device: fails where there is neither
   // code for its architecture nor PTX the driver can compile for it.
   cudaFuncAttributes attributes;
-  error = cudaFuncGetAttributes(&attributes,
-                                reinterpret_cast<const void*>(&forward_kernel<float, 1>));
+  error =
+      cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&forward_kernel<float, 1>));
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);

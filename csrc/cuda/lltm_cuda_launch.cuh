@@ -54,8 +54,9 @@ bool rows_fit_wide_packs(int64_t state, std::initializer_list<const void*> point
 [[noreturn]] inline void fail_cuda(const std::string& what, cudaError_t error) {
   std::string message = "lltm: " + what + " failed: " + cudaGetErrorString(error);
   if (error == cudaErrorNoKernelImageForDevice) {
-    message += " (lltm's CUDA kernels were not compiled for this GPU; rebuild "
-               "with its compute capability in TORCH_CUDA_ARCH_LIST)";
+    message +=
+        " (lltm's CUDA kernels were not compiled for this GPU; rebuild "
+        "with its compute capability in TORCH_CUDA_ARCH_LIST)";
   }
   throw std::runtime_error(message);
 }
@@ -118,8 +119,8 @@ inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_
   const int64_t block_x = std::min(kThreadsPerBlock, packs_per_row);
   const int64_t block_y = kThreadsPerBlock / block_x;
   const int64_t grid_y = std::min({ceil_div(rows, block_y), kMaxGridY, max_blocks});
-  const int64_t grid_x = std::min(ceil_div(packs_per_row, block_x),
-                                  std::max<int64_t>(1, max_blocks / grid_y));
+  const int64_t grid_x =
+      std::min(ceil_div(packs_per_row, block_x), std::max<int64_t>(1, max_blocks / grid_y));
   return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)),
           dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y))};
 }

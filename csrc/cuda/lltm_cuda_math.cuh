@@ -76,8 +76,8 @@ __device__ __forceinline__ void forward_element(scalar_t& input_gate, scalar_t& 
 // new_h = tanh(new_cell) * o; new_cell = old_cell + g * i, g = elu(x).
 template <typename T>
 __device__ __forceinline__ void backward_math(T grad_h, T grad_cell, T new_cell, T i, T o, T x,
-                                              T& d_input_gate, T& d_output_gate,
-                                              T& d_candidate, T& grad_old_cell) {
+                                              T& d_input_gate, T& d_output_gate, T& d_candidate,
+                                              T& grad_old_cell) {
   const T g = elu(x);
   const T t = tanh_of(new_cell);
   const T d_cell = grad_h * o * (T(1) - t * t) + grad_cell;
@@ -91,11 +91,11 @@ __device__ __forceinline__ void backward_math(T grad_h, T grad_cell, T new_cell,
 
 // Gradients for one column j of one row, in the storage type.
 template <typename scalar_t>
-__device__ __forceinline__ void backward_element(
-    scalar_t grad_h, scalar_t grad_cell, scalar_t new_cell,
-    scalar_t input_gate, scalar_t output_gate, scalar_t candidate,
-    scalar_t& d_input_gate, scalar_t& d_output_gate, scalar_t& d_candidate,
-    scalar_t& grad_old_cell) {
+__device__ __forceinline__ void backward_element(scalar_t grad_h, scalar_t grad_cell,
+                                                 scalar_t new_cell, scalar_t input_gate,
+                                                 scalar_t output_gate, scalar_t candidate,
+                                                 scalar_t& d_input_gate, scalar_t& d_output_gate,
+                                                 scalar_t& d_candidate, scalar_t& grad_old_cell) {
   using T = acc_t<scalar_t>;
   T d_i, d_o, d_g, d_c;
   backward_math<T>(T(grad_h), T(grad_cell), T(new_cell), T(input_gate), T(output_gate),

@@ -18,18 +18,18 @@ using torch::stable::Tensor;
 // Row r of gates starts at r * 3 * state; its three gate blocks are `state`
 // apart. Every other matrix has rows of `state` elements.
 template <typename scalar_t, int kVec>
-__global__ void forward_kernel(scalar_t* __restrict__ gates,
-                               const scalar_t* __restrict__ old_cell,
-                               scalar_t* __restrict__ new_h,
-                               scalar_t* __restrict__ new_cell, int64_t batch,
-                               int64_t state) {
+__global__ void forward_kernel(scalar_t* __restrict__ gates, const scalar_t* __restrict__ old_cell,
+                               scalar_t* __restrict__ new_h, scalar_t* __restrict__ new_cell,
+                               int64_t batch, int64_t state) {
   using P = Pack<scalar_t, kVec>;
   const int64_t row_stride = int64_t(gridDim.y) * blockDim.y;
   const int64_t col_stride = int64_t(gridDim.x) * blockDim.x * kVec;
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < batch; row += row_stride) {
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < batch;
+       row += row_stride) {
     scalar_t* g = gates + row * 3 * state;
     const int64_t offset = row * state;
-    for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < state; j += col_stride) {
+    for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < state;
+         j += col_stride) {
       P i = load_pack<kVec>(g + j);
       P o = load_pack<kVec>(g + state + j);
       const P x = load_pack<kVec>(g + 2 * state + j);
@@ -51,18 +51,19 @@ template <typename scalar_t, int kVec>
 __global__ void backward_kernel(const scalar_t* __restrict__ grad_h,
                                 const scalar_t* __restrict__ grad_cell,
                                 const scalar_t* __restrict__ new_cell,
-                                const scalar_t* __restrict__ gates,
-                                scalar_t* __restrict__ d_gates,
-                                scalar_t* __restrict__ grad_old_cell,
-                                int64_t batch, int64_t state) {
+                                const scalar_t* __restrict__ gates, scalar_t* __restrict__ d_gates,
+                                scalar_t* __restrict__ grad_old_cell, int64_t batch,
+                                int64_t state) {
   using P = Pack<scalar_t, kVec>;
   const int64_t row_stride = int64_t(gridDim.y) * blockDim.y;
   const int64_t col_stride = int64_t(gridDim.x) * blockDim.x * kVec;
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < batch; row += row_stride) {
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < batch;
+       row += row_stride) {
     const scalar_t* g = gates + row * 3 * state;
     scalar_t* dg = d_gates + row * 3 * state;
     const int64_t offset = row * state;
-    for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < state; j += col_stride) {
+    for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < state;
+         j += col_stride) {
       const P dh = load_pack<kVec>(grad_h + offset + j);
       const P dc = load_pack<kVec>(grad_cell + offset + j);
       const P c1 = load_pack<kVec>(new_cell + offset + j);
@@ -72,8 +73,8 @@ __global__ void backward_kernel(const scalar_t* __restrict__ grad_h,
       P d_i, d_o, d_c, dc0;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        backward_element(dh.v[k], dc.v[k], c1.v[k], i.v[k], o.v[k], c.v[k],
-                         d_i.v[k], d_o.v[k], d_c.v[k], dc0.v[k]);
+        backward_element(dh.v[k], dc.v[k], c1.v[k], i.v[k], o.v[k], c.v[k], d_i.v[k], d_o.v[k],
+                         d_c.v[k], dc0.v[k]);
       }
       store_pack<kVec>(dg + j, d_i);
       store_pack<kVec>(dg + state + j, d_o);
@@ -107,9 +108,8 @@ void forward_pointwise(Tensor& gates, const Tensor& old_cell, Tensor& new_h, Ten
 }
 
 template <typename scalar_t>
-void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell,
-                        const Tensor& new_cell, const Tensor& gates,
-                        Tensor& d_gates, Tensor& grad_old_cell, int64_t batch,
+void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Tensor& new_cell,
+                        const Tensor& gates, Tensor& d_gates, Tensor& grad_old_cell, int64_t batch,
                         int64_t state) {
   if (batch == 0 || state == 0) return;
   const scalar_t* dh = grad_h.const_data_ptr<scalar_t>();
@@ -123,10 +123,12 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell,
   constexpr int kVec = kWidePack<scalar_t>;
   if (rows_fit_wide_packs<scalar_t>(state, {dh, dc, c1, g, dg, dc0})) {
     const RowTiling t = row_tiling(batch, state / kVec, device);
-    backward_kernel<scalar_t, kVec><<<t.grid, t.block, 0, stream>>>(dh, dc, c1, g, dg, dc0, batch, state);
+    backward_kernel<scalar_t, kVec>
+        <<<t.grid, t.block, 0, stream>>>(dh, dc, c1, g, dg, dc0, batch, state);
   } else {
     const RowTiling t = row_tiling(batch, state, device);
-    backward_kernel<scalar_t, 1><<<t.grid, t.block, 0, stream>>>(dh, dc, c1, g, dg, dc0, batch, state);
+    backward_kernel<scalar_t, 1>
+        <<<t.grid, t.block, 0, stream>>>(dh, dc, c1, g, dg, dc0, batch, state);
   }
   check_launch("lltm backward_kernel");
 }

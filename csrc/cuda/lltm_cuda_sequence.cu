@@ -100,12 +100,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     const int64_t size = schedule.sizes[t];
     if (size == 0) continue;
     if (one_gemm_per_step) {
-      previous_state_blocks(schedule, k, output_rows, h0,
-                            [&](int64_t first, int64_t count, const Tensor& h_prev) {
-                              Tensor to = column_block(row_block(*step_input, first, count), 0,
-                                                       S, false);
-                              copy_into(to, h_prev);
-                            });
+      previous_state_blocks(
+          schedule, k, output_rows, h0, [&](int64_t first, int64_t count, const Tensor& h_prev) {
+            Tensor to = column_block(row_block(*step_input, first, count), 0, S, false);
+            copy_into(to, h_prev);
+          });
       Tensor in = row_block(*step_input, 0, size);
       if (n.features > 0) {
         Tensor to = column_block(in, S, n.features, false);
@@ -125,9 +124,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
           Tensor g = row_block(gates_rows, start + first, count);
           Tensor h = row_block(output_rows, start + first, count);
           Tensor c = row_block(cells_rows, start + first, count);
-          THO_DISPATCH_V2(dtype, "lltm_sequence_forward_cuda", AT_WRAP([&] {
-            forward_pointwise<scalar_t>(g, c_prev, h, c, count, S);
-          }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
+          THO_DISPATCH_V2(dtype, "lltm_sequence_forward_cuda",
+                          AT_WRAP([&] { forward_pointwise<scalar_t>(g, c_prev, h, c, count, S); }),
+                          AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                          torch::headeronly::ScalarType::BFloat16);
         });
   }
 
@@ -142,8 +142,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
       const int64_t size = schedule.sizes[t];
       if (size <= gathered) continue;
       Tensor to = row_block(*final_state, gathered, size - gathered);
-      copy_into(to, row_block(*steps_data, schedule.starts[t] + gathered,
-                                         size - gathered));
+      copy_into(to, row_block(*steps_data, schedule.starts[t] + gathered, size - gathered));
       gathered = size;
     }
     if (gathered < n.batch) {  // rows that had no step: their initial state
@@ -162,8 +161,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
 template <typename scalar_t>
 __global__ void sequence_backward_kernel(const scalar_t* __restrict__ grad_h,
                                          const scalar_t* __restrict__ grad_output,
-                                         scalar_t* grad_cell,
-                                         const scalar_t* __restrict__ new_cell,
+                                         scalar_t* grad_cell, const scalar_t* __restrict__ new_cell,
                                          const scalar_t* __restrict__ gates,
                                          scalar_t* __restrict__ d_gates, int64_t rows,
                                          int64_t state) {
@@ -173,8 +171,7 @@ __global__ void sequence_backward_kernel(const scalar_t* __restrict__ grad_h,
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += row_stride) {
     const scalar_t* g = gates + r * 3 * state;
     scalar_t* dg = d_gates + r * 3 * state;
-    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < state;
-         j += col_stride) {
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < state; j += col_stride) {
       const int64_t e = r * state + j;
       T dh = T(grad_h[e]);
       if (grad_output != nullptr) dh += T(grad_output[e]);
@@ -212,9 +209,8 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                         Tensor input, Tensor weights, Tensor old_h,
                         std::optional<Tensor> batch_sizes, bool reverse,
                         std::vector<bool> output_mask) {
-  const SequenceSizes n = check_sequence_backward_args(grad_output, grad_h_n, grad_c_n, output,
-                                                       gates, cells, input, weights, old_h,
-                                                       batch_sizes);
+  const SequenceSizes n = check_sequence_backward_args(
+      grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
   const GradMask want = check_output_mask(output_mask);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
@@ -249,9 +245,12 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     std::optional<Tensor> dy;
     if (grad_output_rows) dy = row_block(*grad_output_rows, start, size);
     THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cuda", AT_WRAP([&] {
-      sequence_backward_pointwise<scalar_t>(dh, dy, dc, row_block(cells_rows, start, size),
-                                            row_block(gates_rows, start, size), dg, size, S);
-    }), AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half, torch::headeronly::ScalarType::BFloat16);
+                      sequence_backward_pointwise<scalar_t>(
+                          dh, dy, dc, row_block(cells_rows, start, size),
+                          row_block(gates_rows, start, size), dg, size, S);
+                    }),
+                    AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                    torch::headeronly::ScalarType::BFloat16);
     addmm_out(dh, dh, dg, w_h, 0.0);
   }
 
@@ -264,12 +263,11 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     const Tensor h0 = dense(old_h);
     for (int64_t k = 0; k < schedule.steps(); ++k) {
       const int64_t start = schedule.starts[schedule.step(k)];
-      previous_state_blocks(schedule, k, output_rows, h0,
-                            [&](int64_t first, int64_t count, const Tensor& h_prev) {
-                              Tensor to = column_block(row_block(x, start + first, count), 0, S,
-                                                       false);
-                              copy_into(to, h_prev);
-                            });
+      previous_state_blocks(
+          schedule, k, output_rows, h0, [&](int64_t first, int64_t count, const Tensor& h_prev) {
+            Tensor to = column_block(row_block(x, start + first, count), 0, S, false);
+            copy_into(to, h_prev);
+          });
     }
     if (n.rows > 0 && n.features > 0) {
       Tensor to = column_block(x, S, n.features, false);

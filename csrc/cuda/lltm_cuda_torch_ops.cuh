@@ -14,8 +14,9 @@ using torch::stable::Tensor;
 // out = beta * self + mat1 @ mat2 (self may alias out), on the current stream.
 inline void addmm_out(Tensor& out, const Tensor& self, const Tensor& mat1, const Tensor& mat2,
                       double beta) {
-  LLTM_CHECK_TORCH(aoti_torch_cuda_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0),
-                   "the matrix product (torch's addmm, cuBLAS)");
+  LLTM_CHECK_TORCH(
+      aoti_torch_cuda_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0),
+      "the matrix product (torch's addmm, cuBLAS)");
 }
 
 }  // namespace lltm::cuda

@@ -34,10 +34,9 @@ static PyObject* kernel_image_problem(PyObject* /*module*/, PyObject* args) {
   return PyUnicode_FromString(problem.c_str());
 }
 
-static PyMethodDef methods[] = {
-    {"kernel_image_problem", kernel_image_problem, METH_VARARGS,
-     "Why lltm's CUDA kernels cannot run on the given device, or ''."},
-    {nullptr, nullptr, 0, nullptr}};
+static PyMethodDef methods[] = {{"kernel_image_problem", kernel_image_problem, METH_VARARGS,
+                                 "Why lltm's CUDA kernels cannot run on the given device, or ''."},
+                                {nullptr, nullptr, 0, nullptr}};
 
 static bool add_constants(PyObject* module) {
   // CUDART_VERSION is major * 1000 + minor * 10, e.g. 13000 for CUDA 13.0.
