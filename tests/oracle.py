@@ -30,8 +30,10 @@ def sequence_oracle(
     old_cell: Tensor,
     batch_sizes: Tensor | None = None,
     reverse: bool = False,
+    cells: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(output, h_n, c_n) of the reference cell over a sequence.
+    """(output, h_n, c_n) of the reference cell over a sequence; every step's
+    new_cell is appended to ``cells`` where one is given.
 
     Padded: input (steps, batch, features), every step on the whole batch.
     Packed: input (rows, features) with a PackedSequence's batch_sizes; step t
@@ -56,6 +58,8 @@ def sequence_oracle(
         n = sizes[t]
         new_h, new_cell = reference.lltm_cell(step_input(t), weights, bias, h[:n], c[:n])
         outputs[t] = new_h
+        if cells is not None:
+            cells.append(new_cell.detach())
         h = torch.cat([new_h, h[n:]])
         c = torch.cat([new_cell, c[n:]])
     if not outputs:
