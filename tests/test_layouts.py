@@ -84,6 +84,14 @@ def _old_cell_offset_rows(dtype=torch.float64):
     return _randn(B + 3, S, seed=20, dtype=dtype)[3:]
 
 
+def _old_cell_transposed(dtype=torch.float64):
+    return _randn(S, B, seed=21, dtype=dtype).t()
+
+
+def _old_cell_every_other_column(dtype=torch.float64):
+    return _randn(B, 2 * S, seed=22, dtype=dtype)[:, ::2]
+
+
 LAYOUTS = {
     "input_transposed": ("input", _input_transposed),
     "input_strided": ("input", _input_strided),
@@ -96,6 +104,8 @@ LAYOUTS = {
     "old_h_transposed": ("old_h", _old_h_transposed),
     "old_cell_channels": ("old_cell", _old_cell_channels_of_bigger),
     "old_cell_offset_rows": ("old_cell", _old_cell_offset_rows),
+    "old_cell_transposed": ("old_cell", _old_cell_transposed),
+    "old_cell_strided": ("old_cell", _old_cell_every_other_column),
 }
 
 
@@ -113,7 +123,7 @@ def _all_unusual(dtype=torch.float64):
         _weights_transposed(dtype),
         _bias_expanded(dtype),
         _old_h_expanded(dtype),
-        _old_cell_channels_of_bigger(dtype),
+        _old_cell_every_other_column(dtype),
     ]
 
 
