@@ -13,8 +13,10 @@ saw (16-bit inputs are rounded first), differentiated by autograd.
 
 The error of a tensor is ``max |lltm - oracle| / max(1, max |oracle|)``; it
 must stay within the dtype's tolerance. How many calls run is a profile,
-chosen by ``LLTM_FUZZ_PROFILE``: ``quick`` (the default, seconds, derandomized)
-in the ordinary test run, ``ci`` (10,000 calls, ``nox -s fuzz``). The worst
+chosen by ``LLTM_FUZZ_PROFILE``: ``quick`` (the default, seconds) in the
+ordinary test run, ``ci`` (10,000 calls, ``nox -s fuzz``). Both draw the same
+calls every run, so a failure reproduces; ``LLTM_FUZZ_EXPLORE=1`` draws new
+ones. The worst
 error per dtype is printed at the end of the run (conftest.py) and written as
 JSON to ``$LLTM_FUZZ_REPORT`` when that is set.
 """
@@ -51,8 +53,9 @@ def _settings(calls: int) -> settings:
     return settings(
         max_examples=calls,
         deadline=None,
-        # The ordinary run is the same every time; the long run explores.
-        derandomize=PROFILE == "quick",
+        # Every run draws the same calls, so that a CI result reproduces;
+        # LLTM_FUZZ_EXPLORE=1 draws new ones (what a fuzzing campaign wants).
+        derandomize=os.environ.get("LLTM_FUZZ_EXPLORE") != "1",
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         print_blob=True,
@@ -345,9 +348,10 @@ def test_cell_matches_float64_reference(call):
     dtype, args, wants, kinds, entry, seed = call
     actual = run(CELL_ENTRIES[entry], args, wants, dtype, kinds, seed)
     expected = run(reference.lltm_cell, args, wants, torch.float64, kinds, seed)
-    # Values beyond what the dtype holds are the business of test_extremes.py.
+    # Values (outputs or gradients) beyond what the dtype holds are the
+    # business of test_extremes.py.
     limit = torch.finfo(dtype).max / 16
-    assume(all(t.abs().max() < limit for t in expected[:2] if t.numel()))
+    assume(all(t.abs().max() < limit for t in expected if t is not None and t.numel()))
     names = ("new_h", "new_cell", "grad_input", "grad_weights", "grad_bias", "grad_old_h",
              "grad_old_cell")  # fmt: skip
     check(dtype, names, actual, expected, _describe(entry, args, wants, kinds),
@@ -419,7 +423,7 @@ def test_sequence_matches_float64_reference(call):
     sequence_oracle(*[a.view(a.base) for a in args], batch_sizes, reverse, cells=cells)
     largest_cell = max((c.abs().max().item() for c in cells if c.numel()), default=0.0)
     limit = torch.finfo(dtype).max / 16
-    assume(all(t.abs().max() < limit for t in expected[:3] if t.numel()))
+    assume(all(t.abs().max() < limit for t in expected if t is not None and t.numel()))
     names = ("output", "h_n", "c_n", "grad_input", "grad_weights", "grad_bias", "grad_old_h",
              "grad_old_cell")  # fmt: skip
     mode = "packed" if batch_sizes is not None else "padded"
