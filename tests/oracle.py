@@ -7,6 +7,8 @@
 * :class:`CompositeCell` / :class:`CompositeSequence`: the composite kernels
   (src/lltm/_composite.py) behind the same autograd formula as the native
   ones, so that a test can hold the fallback path to the reference too.
+* :data:`CELL_ENTRY_POINTS`: the ways a user reaches the cell (the Python API,
+  the registered operator, the composite kernels), by name.
 * :func:`nonfinite_pattern`: where a tensor holds NaN, +inf and -inf.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import lltm
 from lltm import _composite, reference
 
 ALL = [True] * 5
@@ -125,3 +128,15 @@ def nonfinite_pattern(t: Tensor) -> Tensor:
     return torch.where(
         t.isnan(), 2, torch.where(t.isposinf(), 1, torch.where(t.isneginf(), -1, 0))
     ).to(torch.int8)
+
+
+def _registered_op(*inputs: Tensor) -> tuple[Tensor, Tensor]:
+    new_h, new_cell, _ = torch.ops.lltm.forward(*inputs)
+    return new_h, new_cell
+
+
+CELL_ENTRY_POINTS = {
+    "lltm_cell": lltm.lltm_cell,
+    "registered_op": _registered_op,
+    "composite": CompositeCell.apply,
+}

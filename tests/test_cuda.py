@@ -23,6 +23,7 @@ from conftest import (
     OUTPUT_NAMES,
     assert_all_close,
     assert_as_accurate_as_reference,
+    assert_worst_case_as_reference,
     make_backward_args,
     make_grad_outputs,
     make_inputs,
@@ -171,18 +172,7 @@ def test_low_precision_as_accurate_as_reference(shape, dtype, seed):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_low_precision_forward_worst_case_as_reference(dtype):
-    # Wide layers: large pre-activations, where rounding them to 16 bits more
-    # than once costs most (see test_parity.py).
-    for seed in range(3):
-        inputs = make_inputs(2, 64, 300, dtype=dtype, device="cuda", seed=seed)
-        ours = lltm.lltm_cell(*inputs)
-        theirs = reference.lltm_cell(*inputs)
-        expected = reference.lltm_cell(*[t.double() for t in inputs])
-        for name, t, r, e in zip(OUTPUT_NAMES, ours, theirs, expected, strict=True):
-            err, ref_err = ((x.double() - e).abs().max().item() for x in (t, r))
-            assert err <= 2 * ref_err + torch.finfo(dtype).eps / 8, (
-                f"{name}: {err:.2e} vs {ref_err:.2e}"
-            )
+    assert_worst_case_as_reference(dtype, device="cuda")
 
 
 def _strided(t: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ARG_NAMES, GRAD_NAMES
-from oracle import CompositeCell, CompositeSequence, nonfinite_pattern, sequence_oracle
+from oracle import CELL_ENTRY_POINTS, CompositeSequence, nonfinite_pattern, sequence_oracle
 from torch import Tensor
 
 import lltm
@@ -156,16 +156,7 @@ def _cell_inputs(case: str, dtype: torch.dtype) -> list[Tensor]:
     return [t.to(dtype) for t in inputs]
 
 
-def _registered_op(*inputs: Tensor) -> tuple[Tensor, Tensor]:
-    new_h, new_cell, _ = torch.ops.lltm.forward(*inputs)
-    return new_h, new_cell
-
-
-CELLS = {
-    "lltm_cell": lltm.lltm_cell,
-    "registered_op": _registered_op,
-    "composite": CompositeCell.apply,
-}
+CELLS = CELL_ENTRY_POINTS
 
 
 def _run(fn: Callable[..., Any], inputs: list[Tensor], upstream: list[Tensor]) -> list[Tensor]:

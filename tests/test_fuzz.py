@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from oracle import CompositeCell, CompositeSequence, sequence_oracle
+from oracle import CELL_ENTRY_POINTS, CompositeSequence, sequence_oracle
 from torch import Tensor
 
 import lltm
@@ -312,16 +312,7 @@ def _describe(label: str, args: list[Argument], wants, kinds, **extra) -> str:
 # --- The cell ------------------------------------------------------------------------------
 
 
-def _registered_op(*inputs: Tensor) -> tuple[Tensor, Tensor]:
-    new_h, new_cell, _ = torch.ops.lltm.forward(*inputs)
-    return new_h, new_cell
-
-
-CELL_ENTRIES = {
-    "lltm_cell": lltm.lltm_cell,
-    "registered_op": _registered_op,
-    "composite": CompositeCell.apply,
-}
+CELL_ENTRIES = CELL_ENTRY_POINTS
 
 
 @st.composite
