@@ -140,3 +140,37 @@ CELL_ENTRY_POINTS = {
     "registered_op": _registered_op,
     "composite": CompositeCell.apply,
 }
+
+
+def module_oracle(
+    module: lltm.LLTMSequence,
+    params: dict[str, Tensor],
+    input: Tensor,
+    h_0: Tensor,
+    c_0: Tensor,
+    batch_sizes: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(output, h_n, c_n) of an LLTMSequence with parameters ``params``
+    (layers, directions, bias or none; no dropout), from
+    :func:`sequence_oracle` per layer and direction. ``input`` is
+    (seq_len, batch, features), or packed data with ``batch_sizes`` (sorted
+    sequences); the state is (layers * directions, batch, state)."""
+    layer_input = input
+    h_n, c_n = [], []
+    for layer in range(module.num_layers):
+        outputs = []
+        for direction in range(module.directions):
+            index = layer * module.directions + direction
+            weights_name, bias_name = module._parameter_names[index]
+            weights = params[weights_name]
+            bias = params.get(bias_name)
+            if bias is None:
+                bias = weights.new_zeros(weights.shape[0])
+            output, h, c = sequence_oracle(
+                layer_input, weights, bias, h_0[index], c_0[index], batch_sizes, direction == 1
+            )
+            outputs.append(output)
+            h_n.append(h)
+            c_n.append(c)
+        layer_input = torch.cat(outputs, dim=-1)
+    return layer_input, torch.stack(h_n), torch.stack(c_n)

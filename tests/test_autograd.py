@@ -47,6 +47,8 @@ def test_gradcheck_some_inputs(needs_grad):
 
 
 def test_gates_output_is_not_differentiable():
+    # The saved activations only feed backward (a torch.compile'd backward
+    # would otherwise be traced for their gradients too).
     _, _, gates = torch.ops.lltm.forward(*make_inputs(2, 3, 4, requires_grad=True))
     assert not gates.requires_grad
 
@@ -98,12 +100,12 @@ def test_create_graph_matches_reference():
 
 
 # --- create_graph=True against the native backward ---------------------------------
-# With create_graph=True the gradients come from a plain-PyTorch recomputation
-# of the step (lltm.ops._recomputed_backward), not from lltm::backward: the
-# tests above compare that recomputation with the reference it is built
-# from. Here its first-order gradients are held to the native backward, for
-# every subset of inputs that require grad and both entry points (the eager
-# autograd.Function and the registered formula of torch.ops.lltm.forward).
+# With create_graph=True the gradients must be differentiable: backward then
+# recomputes the step in plain torch (lltm/_composite.py) instead of calling
+# lltm::backward. The tests above compare the second derivatives with the
+# reference's. Here the first-order gradients of that path are held to the
+# native kernel, for every subset of inputs that require grad and both entry
+# points (lltm_cell and torch.ops.lltm.forward).
 
 
 class _RecordOps(TorchDispatchMode):
@@ -267,13 +269,24 @@ def test_opcheck_backward(make_args):
 
 
 @pytest.mark.parametrize("make_args", BACKWARD_OPCHECK_ARGS.values(), ids=BACKWARD_OPCHECK_ARGS)
-def test_backward_op_outputs_never_require_grad(make_args):
-    # lltm::backward has no derivative of its own (double backward recomputes
-    # the step instead): differentiating through a direct call must fail
-    # loudly, not treat the gradients as constants.
-    grads = torch.ops.lltm.backward.default(*make_args())
+def test_backward_op_outputs_have_no_history_without_differentiation(make_args):
+    # The kernels never create autograd history of their own: under no_grad
+    # (as in a first-order backward) nothing requires grad.
+    with torch.no_grad():
+        grads = torch.ops.lltm.backward.default(*make_args())
     assert len(grads) == 5
-    assert not any(g.requires_grad for g in grads)
+    assert not any(g.requires_grad or g.grad_fn is not None for g in grads)
+
+
+def test_backward_op_is_differentiable():
+    # A gradient that is differentiated again (double backward, Hessians)
+    # differentiates lltm::backward in all its tensor arguments.
+    *tensors, mask = _backward_args((2, 3, 4), requires_grad=True)
+
+    def call(*args):
+        return tuple(g for g in torch.ops.lltm.backward(*args, mask) if g is not None)
+
+    assert torch.autograd.gradcheck(call, tensors, check_forward_ad=True)
 
 
 # --- torch.compile --------------------------------------------------------------

@@ -51,8 +51,8 @@ def test_cuda_out_of_memory_becomes_torch_out_of_memory_error():
     # What a CUDA out-of-memory reaching Python from a kernel looks like:
     # a RuntimeError with the caching allocator's text.
     text = "lltm: allocating an output tensor failed: CUDA out of memory. Tried to allocate 2 GiB."
-    typed = ops._typed(RuntimeError(text))
+    typed = ops.library.typed(RuntimeError(text))
     assert isinstance(typed, torch.OutOfMemoryError) and isinstance(typed, RuntimeError)
     assert str(typed) == text
     other = RuntimeError("lltm: the matrix product failed: CUBLAS_STATUS_INVALID_VALUE")
-    assert ops._typed(other) is other
+    assert ops.library.typed(other) is other

@@ -9,6 +9,7 @@ just not fused. Tests hold it to the native kernels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from ._checks import (
 )
 
 
-def _math_type(t: Tensor) -> torch.dtype:
+def math_type(t: Tensor) -> torch.dtype:
     """The type the pointwise math runs in, as in the native kernels: float32
     for 16-bit types (each op rounding to 16 bits would lose digits to every
     1 - y and every sum), the type itself otherwise."""
@@ -36,7 +37,7 @@ def forward(
     input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     check_forward_args(input, weights, bias, old_h, old_cell)
-    math = _math_type(input)
+    math = math_type(input)
     pre = torch.addmm(bias, torch.cat([old_h, input], dim=1), weights.t()).to(math)
     pre_i, pre_o, pre_g = pre.chunk(3, dim=1)
     i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
@@ -48,11 +49,17 @@ def forward(
     return new_h.to(dtype), new_cell.to(dtype), torch.cat([i, o, pre_g], dim=1).to(dtype)
 
 
-def _step_backward(
-    grad_h: Tensor, grad_cell: Tensor, new_cell: Tensor, gates: Tensor, math: torch.dtype
+def step_backward(
+    grad_h: Tensor,
+    grad_cell: Tensor,
+    new_cell: Tensor,
+    gates: Tensor,
+    math: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
-    """d_gates and the gradient of old_cell of one step, in the math type."""
-    i, o, x = gates.to(math).chunk(3, dim=1)
+    """d_gates and the gradient of old_cell of one step, in the math type.
+    Rows are the last-but-one dimension: any leading (batch) dimensions are
+    carried along, as the vmap rules need."""
+    i, o, x = gates.to(math).chunk(3, dim=-1)
     g = F.elu(x)
     t = torch.tanh(new_cell.to(math))
     d_cell = grad_h * o * (1 - t * t) + grad_cell.to(math)
@@ -64,7 +71,7 @@ def _step_backward(
             grad_h * t * (1 - o) * o,
             d_cell * i * torch.where(x > 0, torch.ones_like(x), torch.exp(x)),
         ],
-        dim=1,
+        dim=-1,
     )
     return d_gates, d_cell
 
@@ -79,19 +86,41 @@ def backward(
     weights: Tensor,
     output_mask: list[bool],
 ) -> tuple[Tensor | None, ...]:
-    state = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights)[2]
-    want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
-    math = _math_type(input)
-    d_gates, d_cell = _step_backward(grad_h.to(math), grad_cell, new_cell, gates, math)
+    check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+    return backward_math(
+        grad_h, grad_cell, new_cell, gates, input, old_h, weights, check_output_mask(output_mask)
+    )
+
+
+def backward_math(
+    grad_h: Tensor,
+    grad_cell: Tensor,
+    new_cell: Tensor,
+    gates: Tensor,
+    input: Tensor,
+    old_h: Tensor,
+    weights: Tensor,
+    output_mask: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """lltm::backward's math, unchecked, for any leading batch dimensions
+    (rows are dimension -2; ``weights`` may carry the batch dimensions too).
+    Plain torch ops, so differentiable to any order: lltm's autograd runs it
+    where a gradient will itself be differentiated, and the vmap rules where
+    one kernel call cannot serve a batch of calls (per-sample weight
+    gradients)."""
+    want_input, want_weights, want_bias, want_old_h, want_old_cell = output_mask
+    state = old_h.shape[-1]
+    math = math_type(input)
+    d_gates, d_cell = step_backward(grad_h.to(math), grad_cell, new_cell, gates, math)
     # grad_bias is summed in the math type; the products take d_gates in the
     # input's type, as the native kernels' GEMMs do.
-    grad_bias = d_gates.sum(dim=0).to(input.dtype) if want_bias else None
+    grad_bias = d_gates.sum(dim=-2).to(input.dtype) if want_bias else None
     d_gates = d_gates.to(input.dtype)
     return (
-        d_gates @ weights[:, state:] if want_input else None,
-        d_gates.t() @ torch.cat([old_h, input], dim=1) if want_weights else None,
+        d_gates @ weights[..., state:] if want_input else None,
+        d_gates.mT @ torch.cat([old_h, input], dim=-1) if want_weights else None,
         grad_bias,
-        d_gates @ weights[:, :state] if want_old_h else None,
+        d_gates @ weights[..., :state] if want_old_h else None,
         d_cell.to(input.dtype) if want_old_cell else None,
     )
 
@@ -105,7 +134,7 @@ def backward(
 # reverse, a sequence joins when its last element comes up, from old_h.
 
 
-def _steps(n: Any, batch_sizes: Tensor | None, reverse: bool) -> list[tuple[int, slice]]:
+def step_schedule(n: Any, batch_sizes: Tensor | None, reverse: bool) -> list[tuple[int, slice]]:
     """(active batch, rows of the step) in the order the steps run."""
     sizes = sequence_batch_sizes(batch_sizes, n)
     starts = [sum(sizes[:t]) for t in range(len(sizes))]
@@ -113,20 +142,33 @@ def _steps(n: Any, batch_sizes: Tensor | None, reverse: bool) -> list[tuple[int,
     return [(sizes[t], slice(starts[t], starts[t] + sizes[t])) for t in order]
 
 
-def _rows(t: Tensor, n: Any) -> Tensor:
+def as_rows(t: Tensor, n: Any) -> Tensor:
     """A tensor of the input's layout as (rows, width)."""
     return t if n.packed else t.reshape(n.rows, t.shape[-1])
 
 
-def _layout(rows: Tensor, n: Any) -> Tensor:
+def in_layout(rows: Tensor, n: Any) -> Tensor:
     return rows if n.packed else rows.reshape(n.steps, n.batch, rows.shape[-1])
 
 
-def _in_step_order(pieces: dict[int, Tensor], n: Any, width: int, like: Tensor) -> Tensor:
+def in_step_order(pieces: dict[int, Tensor], n: Any, width: int, like: Tensor) -> Tensor:
     """Rows of every step, stacked by row index (pieces keyed by first row)."""
     if not pieces:
         return like.new_empty((n.rows, width))
     return torch.cat([pieces[start] for start in sorted(pieces)], dim=0)
+
+
+def previous_states(
+    out_rows: Tensor, old_h: Tensor, steps: list[tuple[int, slice]]
+) -> dict[int, Tensor]:
+    """The state each step read, keyed by the step's first row: rebuilt from
+    the output rows as the forward built it."""
+    h_prev: dict[int, Tensor] = {}
+    h = old_h
+    for size, rows in steps:
+        h_prev[rows.start] = h[:size]
+        h = torch.cat([out_rows[rows], h[size:]])
+    return h_prev
 
 
 def sequence_forward(
@@ -139,22 +181,22 @@ def sequence_forward(
     reverse: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
-    x_rows = _rows(input, n)
+    x_rows = as_rows(input, n)
     h, c = old_h, old_cell
     outputs: dict[int, Tensor] = {}
     cells: dict[int, Tensor] = {}
     gates: dict[int, Tensor] = {}
-    for size, rows in _steps(n, batch_sizes, reverse):
+    for size, rows in step_schedule(n, batch_sizes, reverse):
         new_h, new_cell, step_gates = forward(x_rows[rows], weights, bias, h[:size], c[:size])
         outputs[rows.start], cells[rows.start], gates[rows.start] = new_h, new_cell, step_gates
         h = torch.cat([new_h, h[size:]])
         c = torch.cat([new_cell, c[size:]])
     return (
-        _layout(_in_step_order(outputs, n, n.state, input), n),
+        in_layout(in_step_order(outputs, n, n.state, input), n),
         h.clone() if h is old_h else h,
         c.clone() if c is old_cell else c,
-        _layout(_in_step_order(gates, n, 3 * n.state, input), n),
-        _layout(_in_step_order(cells, n, n.state, input), n),
+        in_layout(in_step_order(gates, n, 3 * n.state, input), n),
+        in_layout(in_step_order(cells, n, n.state, input), n),
     )
 
 
@@ -172,43 +214,39 @@ def sequence_backward(
     reverse: bool,
     output_mask: list[bool],
 ) -> tuple[Tensor | None, ...]:
+    """lltm::sequence_backward in plain torch ops, differentiable to any order."""
     n = check_sequence_backward_args(
         grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
     )
     want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
-    steps = _steps(n, batch_sizes, reverse)
-    out_rows, gate_rows, cell_rows = _rows(output, n), _rows(gates, n), _rows(cells, n)
-    grad_rows = None if grad_output is None else _rows(grad_output, n)
+    steps = step_schedule(n, batch_sizes, reverse)
+    out_rows, gate_rows, cell_rows = as_rows(output, n), as_rows(gates, n), as_rows(cells, n)
+    grad_rows = None if grad_output is None else as_rows(grad_output, n)
     w_h = weights[:, : n.state]
-    # The state each step read, rebuilt as the forward built it.
-    h_prev: dict[int, Tensor] = {}
-    h = old_h
-    for size, rows in steps:
-        h_prev[rows.start] = h[:size]
-        h = torch.cat([out_rows[rows], h[size:]])
+    h_prev = previous_states(out_rows, old_h, steps)
     # Through time, last step first: the running gradients of the state.
     dh = torch.zeros_like(old_h) if grad_h_n is None else grad_h_n
     dc = torch.zeros_like(old_h) if grad_c_n is None else grad_c_n
     d_gates: dict[int, Tensor] = {}
     # As in the cell: pointwise math in float32 for 16-bit types; the
     # running gradients and d_gates kept in the input's type between steps.
-    math, dtype = _math_type(input), input.dtype
+    math, dtype = math_type(input), input.dtype
     grad_bias = torch.zeros(3 * n.state, dtype=math, device=input.device)
     for size, rows in reversed(steps):
         grad_h = dh[:size].to(math)
         if grad_rows is not None:
             grad_h = grad_h + grad_rows[rows].to(math)
-        step, d_cell = _step_backward(grad_h, dc[:size], cell_rows[rows], gate_rows[rows], math)
-        grad_bias += step.sum(dim=0)
+        step, d_cell = step_backward(grad_h, dc[:size], cell_rows[rows], gate_rows[rows], math)
+        grad_bias = grad_bias + step.sum(dim=0)
         step = step.to(dtype)
         d_gates[rows.start] = step
         dh = torch.cat([step @ w_h, dh[size:]])
         dc = torch.cat([d_cell.to(dtype), dc[size:]])
-    all_d_gates = _in_step_order(d_gates, n, 3 * n.state, input)
-    x_rows = _rows(input, n)
-    h_rows = _in_step_order(h_prev, n, n.state, input)
+    all_d_gates = in_step_order(d_gates, n, 3 * n.state, input)
+    x_rows = as_rows(input, n)
+    h_rows = in_step_order(h_prev, n, n.state, input)
     return (
-        _layout(all_d_gates @ weights[:, n.state :], n) if want_input else None,
+        in_layout(all_d_gates @ weights[:, n.state :], n) if want_input else None,
         all_d_gates.t() @ torch.cat([h_rows, x_rows], dim=1) if want_weights else None,
         grad_bias.to(dtype) if want_bias else None,
         (dh.clone() if dh is grad_h_n else dh) if want_old_h else None,

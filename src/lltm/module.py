@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
@@ -42,6 +44,22 @@ class LLTMSequence(torch.nn.Module):
         seq = lltm.LLTMSequence(input_features, state_size)
         output, (h_n, c_n) = seq(input, (h_0, c_0))   # the state is optional
 
+    The constructor takes ``nn.LSTM``'s arguments in ``nn.LSTM``'s order
+    (``input_size`` and ``hidden_size`` are called ``input_features`` and
+    ``state_size`` here, as in the tutorial's cell):
+
+    * ``num_layers``: stacked layers; layer ``k > 0`` reads the previous
+      layer's output, ``directions * state_size`` features.
+    * ``bias``: ``False`` gives no bias parameters, and the kernels add none.
+    * ``batch_first``: ``input`` and ``output`` are ``(batch, seq_len, ...)``.
+    * ``dropout``: dropout on the output of every layer but the last, in
+      training mode only, as ``nn.LSTM`` applies it.
+    * ``bidirectional``: a second direction per layer, run from the last step
+      to the first; outputs are concatenated.
+    * ``proj_size``: only 0. The LLTM's output is its hidden state; it has no
+      projection, and any other value is an error.
+    * ``device``, ``dtype``: where and in which type the parameters are made.
+
     ``input`` is ``(seq_len, batch, input_features)`` (``(batch, seq_len,
     input_features)`` with ``batch_first=True``), ``(seq_len,
     input_features)`` for one unbatched sequence, or a ``PackedSequence`` of
@@ -57,8 +75,7 @@ class LLTMSequence(torch.nn.Module):
     move between the cell and this module unchanged. Otherwise one pair per
     layer ``k`` and direction, named as ``nn.LSTM`` names them:
     ``weights_l{k}``, ``bias_l{k}``, and ``weights_l{k}_reverse``,
-    ``bias_l{k}_reverse`` for the backward direction. Layer ``k > 0`` reads
-    the previous layer's output, ``directions * state_size`` features.
+    ``bias_l{k}_reverse`` for the backward direction.
     """
 
     def __init__(
@@ -66,8 +83,13 @@ class LLTMSequence(torch.nn.Module):
         input_features: int,
         state_size: int,
         num_layers: int = 1,
-        bidirectional: bool = False,
+        bias: bool = True,
         batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         for name, value, least in (
@@ -77,28 +99,72 @@ class LLTMSequence(torch.nn.Module):
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 _fail(f"{name} must be an integer >= {least}, got {value!r}")
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0 <= dropout <= 1
+        ):
+            _fail(
+                f"dropout must be a number in [0, 1], the probability of zeroing, got {dropout!r}"
+            )
+        if proj_size != 0:
+            _fail(
+                f"has no projection: proj_size must be 0, got {proj_size!r} "
+                "(the LLTM's output is its hidden state, state_size wide)"
+            )
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(
+                "lltm: LLTMSequence applies dropout to the output of every layer but the last; "
+                f"dropout={dropout} with num_layers=1 does nothing",
+                UserWarning,
+                stacklevel=2,
+            )
         self.input_features = input_features
         self.state_size = state_size
         self.num_layers = num_layers
-        self.bidirectional = bool(bidirectional)
         self.batch_first = bool(batch_first)
+        self.dropout = float(dropout)
+        self.bidirectional = bool(bidirectional)
+        self.proj_size = 0
         self.directions = 2 if self.bidirectional else 1
         # (weights, bias) attribute names per (layer, direction), in the
         # order of the state's first dimension.
         self._parameter_names: list[tuple[str, str]] = []
         plain = num_layers == 1 and self.directions == 1
+        factory = {"device": device, "dtype": dtype}
         for layer in range(num_layers):
             features = input_features if layer == 0 else self.directions * state_size
             for direction in range(self.directions):
                 suffix = "" if plain else f"_l{layer}" + ("_reverse" if direction else "")
                 names = (f"weights{suffix}", f"bias{suffix}")
-                self.register_parameter(
-                    names[0],
-                    torch.nn.Parameter(torch.empty(3 * state_size, features + state_size)),
-                )
-                self.register_parameter(names[1], torch.nn.Parameter(torch.empty(3 * state_size)))
+                weights = torch.empty(3 * state_size, features + state_size, **factory)
+                self.register_parameter(names[0], torch.nn.Parameter(weights))
+                bias_parameter = torch.nn.Parameter(torch.empty(3 * state_size, **factory))
+                self.register_parameter(names[1], bias_parameter if bias else None)
                 self._parameter_names.append(names)
         self.reset_parameters()
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the layers have bias parameters (``bias=True``). The
+        attribute ``bias`` is the bias parameter itself, as in ``lltm.LLTM``."""
+        return getattr(self, self._parameter_names[0][1]) is not None
+
+    # nn.LSTM's names for the two sizes, for code written against nn.LSTM.
+    @property
+    def input_size(self) -> int:
+        return self.input_features
+
+    @property
+    def hidden_size(self) -> int:
+        return self.state_size
+
+    def flatten_parameters(self) -> None:
+        """Does nothing, and exists so that code written for ``nn.LSTM`` runs.
+
+        ``nn.LSTM`` copies its parameters into one contiguous buffer for
+        cuDNN; lltm's kernels read each layer's ``weights`` and ``bias`` where
+        they are, so there is nothing to flatten."""
 
     def reset_parameters(self) -> None:
         """The tutorial's initialisation: uniform in +-1/sqrt(state_size)."""
@@ -146,7 +212,7 @@ class LLTMSequence(torch.nn.Module):
                 output, h, c = ops.sequence(
                     layer_input,
                     getattr(self, weights_name),
-                    getattr(self, bias_name),
+                    getattr(self, bias_name),  # None with bias=False
                     h_0[index],
                     c_0[index],
                     batch_sizes,
@@ -156,6 +222,8 @@ class LLTMSequence(torch.nn.Module):
                 h_n.append(h)
                 c_n.append(c)
             layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                layer_input = F.dropout(layer_input, self.dropout, training=True)
 
         if len(h_n) == 1:  # a view, not a copy, in the common case
             final_h, final_c = h_n[0].unsqueeze(0), c_n[0].unsqueeze(0)
@@ -215,8 +283,12 @@ class LLTMSequence(torch.nn.Module):
         extra = f"input_features={self.input_features}, state_size={self.state_size}"
         if self.num_layers != 1:
             extra += f", num_layers={self.num_layers}"
-        if self.bidirectional:
-            extra += ", bidirectional=True"
+        if not self.has_bias:
+            extra += ", bias=False"
         if self.batch_first:
             extra += ", batch_first=True"
+        if self.dropout:
+            extra += f", dropout={self.dropout}"
+        if self.bidirectional:
+            extra += ", bidirectional=True"
         return extra

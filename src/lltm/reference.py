@@ -61,17 +61,28 @@ class LLTM(torch.nn.Module):
     """The tutorial's pure-PyTorch module, parameter for parameter.
 
     :class:`lltm.LLTM` inherits its parameters and initialisation and replaces
-    only ``forward`` with the fused operator.
+    only ``forward`` with the fused operator. ``device`` and ``dtype`` say
+    where and in which type the parameters are made, as for every torch
+    module; the tutorial's two-argument call is unchanged.
     """
 
-    def __init__(self, input_features: int, state_size: int) -> None:
+    def __init__(
+        self,
+        input_features: int,
+        state_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.input_features = input_features
         self.state_size = state_size
+        factory = {"device": device, "dtype": dtype}
         # 3 * state_size for input gate, output gate and candidate cell gate.
         # input_features + state_size because we will multiply with [input, h].
-        self.weights = torch.nn.Parameter(torch.empty(3 * state_size, input_features + state_size))
-        self.bias = torch.nn.Parameter(torch.empty(3 * state_size))
+        self.weights = torch.nn.Parameter(
+            torch.empty(3 * state_size, input_features + state_size, **factory)
+        )
+        self.bias = torch.nn.Parameter(torch.empty(3 * state_size, **factory))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

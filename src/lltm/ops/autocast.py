@@ -1,0 +1,75 @@
+"""Autocast: inside ``torch.autocast`` lltm's operators run as ``nn.LSTM`` does.
+
+torch's own recurrent ops are on autocast's lower-precision list: their
+floating-point arguments are cast to the region's dtype
+(``torch.get_autocast_dtype``: bfloat16 or float16, whichever the region
+names) and they compute and return that dtype. Autograd then returns the
+gradients of float32 parameters in float32, through the casts. lltm's
+forward operators get the same policy, from a kernel at each Autocast
+dispatch key: float64 arguments and other devices' tensors are left alone,
+as torch's casts leave them.
+
+``torch.library.register_autocast`` cannot express this: it casts to one
+dtype fixed at registration. The backward operators have no autocast kernel,
+like torch's: they receive what the forward saved, already in the region's
+dtype, whether backward runs inside the region or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .library import forward, sequence_forward
+
+# Devices whose autocast has a dispatch key in this torch.
+_DEVICE_TYPES = [
+    device
+    for device in ("cpu", "cuda", "xpu", "mps", "hpu")
+    if hasattr(torch._C.DispatchKey, f"Autocast{device.upper()}")
+]
+
+
+def enabled(device_type: str) -> bool:
+    """Whether an autocast region is active for ``device_type`` (never for a
+    device without autocast, such as meta)."""
+    return device_type in _DEVICE_TYPES and torch.is_autocast_enabled(device_type)
+
+
+def _cast(value: Any, device_type: str, dtype: torch.dtype) -> Any:
+    if (
+        isinstance(value, Tensor)
+        and value.is_floating_point()
+        and value.dtype != torch.float64
+        and value.device.type == device_type
+    ):
+        return value.to(dtype)
+    return value
+
+
+def cast_arguments(device_type: str, args: Sequence[Any]) -> tuple[Any, ...]:
+    """``args`` as the autocast region on ``device_type`` casts them."""
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(_cast(a, device_type, dtype) for a in args)
+
+
+def _autocast_kernel(op: Any, device_type: str) -> Callable[..., Any]:
+    def kernel(*args: Any) -> Any:
+        cast = cast_arguments(device_type, args)
+        with torch.autocast(device_type, enabled=False):
+            return op(*cast)
+
+    return kernel
+
+
+_library = torch.library.Library("lltm", "IMPL")
+for _device_type in _DEVICE_TYPES:
+    for _op in (forward, sequence_forward):
+        _library.impl(
+            _op._schema.name.split("::")[1],
+            _autocast_kernel(_op, _device_type),
+            f"Autocast{_device_type.upper()}",
+        )

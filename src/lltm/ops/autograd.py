@@ -1,0 +1,251 @@
+"""Autograd for lltm's operators: reverse mode, forward mode, higher orders.
+
+Each operator gets a kernel at the Autograd dispatch key, registered with the
+public ``torch.library.Library.impl`` (the registration that
+``torch.library.register_autograd`` makes). When nothing differentiates a
+call it goes straight to the kernels; otherwise the forward operators apply
+a Function whose ``backward`` calls the backward operator, told by
+``output_mask`` which gradients autograd needs, and whose ``jvp`` pushes
+tangents through the saved activations (tangents.py).
+
+Higher orders. ``gates`` and ``cells``, the activations the forward saves for
+backward, are not differentiable outputs (torch.compile would otherwise
+trace a backward for gradients that never come), so derivatives of
+derivatives come from the plain-torch formulas (lltm/_composite.py), which
+autograd and every torch.func transform differentiate to any order:
+
+* under torch.func, a call that a differentiating transform sees inside
+  another (hessian, jacfwd of jacrev, grad of grad, grad of jvp, ...) runs
+  the composite forward directly: each transform differentiates its own
+  level once, so a call under only one of them (grad, vjp, jacrev, jacfwd,
+  and vmap of any of them: per-sample gradients) keeps the kernels;
+* outside torch.func, where the graph may be differentiated again
+  (create_graph=True, reverse mode over dual tensors), backward and jvp
+  recompute the activations from the inputs in plain torch and apply the
+  plain-torch formulas, so that their results are expressions in the inputs.
+
+The backward operators, called directly on tensors that need gradients,
+differentiate the same way in their own arguments.
+
+Why not ``register_autograd``: the Function it generates has no ``jvp``, so
+dual tensors silently came out without tangents, and in torch <= 2.13 it
+cannot run under torch.func transforms at all (torch issue #170834). The
+Functions here are single-level Functions, as in torch's own fix for that: a
+kernel at the Autograd key is already running inside the torch.func
+transform that dispatched it, at that transform's level, so the Function
+records its node there, and the transforms below see the kernels' calls
+through their own dispatch keys (vmap through the rules of vmap.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch import Tensor
+from torch._functorch.utils import enable_single_level_autograd_function
+from torch.autograd.function import _SingleLevelFunction
+
+from .. import _composite
+from . import tangents
+from .library import backward, below_autograd, forward, sequence_backward, sequence_forward, typed
+
+
+def differentiating(args: Sequence[Any]) -> bool:
+    """Whether a call must go through autograd: a torch.func transform is
+    active, or grad mode is on and an argument requires grad, or an argument
+    carries a forward-mode tangent."""
+    if torch._C._are_functorch_transforms_active():
+        return True
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        return True
+    return fwAD._current_level >= 0 and any(
+        isinstance(a, Tensor) and fwAD.unpack_dual(a).tangent is not None for a in args
+    )
+
+
+_DIFFERENTIATING_TRANSFORMS = (
+    torch._C._functorch.TransformType.Grad,
+    torch._C._functorch.TransformType.Jvp,
+)
+
+
+def _nested_differentiation() -> bool:
+    """Under torch.func: whether a differentiating transform (grad, jvp)
+    encloses the one differentiating this call."""
+    enclosing = torch._C._functorch.get_interpreter_stack()[:-1]
+    return any(level.key() in _DIFFERENTIATING_TRANSFORMS for level in enclosing)
+
+
+def _differentiated_again(inputs: Sequence[Tensor | None]) -> bool:
+    """Outside torch.func: whether what a backward or jvp computes now may
+    itself be differentiated (create_graph=True, reverse mode over forward
+    mode): grad mode on, and an input requires grad."""
+    if torch._C._are_functorch_transforms_active():
+        return False  # decided at the forward: see _forward_kernel
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+
+
+def _backward_op(op: Any, *args: Any) -> Any:
+    """Calls a backward operator from a Function's backward whose result is
+    not differentiated again: under torch.func, below this level's autograd
+    (no transform around it differentiates; vmap still applies its rules)."""
+    try:
+        if torch._C._are_functorch_transforms_active():
+            with below_autograd():
+                return op(*args)
+        return op(*args)
+    except RuntimeError as error:
+        raise typed(error) from None
+
+
+# --- The forward operators ---------------------------------------------------------
+
+
+class CellFunction(_SingleLevelFunction):
+    """lltm::forward with its derivatives; outputs (new_h, new_cell, gates)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        with below_autograd():
+            return forward(input, weights, bias, old_h, old_cell)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
+        _new_h, new_cell, gates = output
+        ctx.mark_non_differentiable(gates)
+        ctx.save_for_backward(*inputs, new_cell, gates)
+        ctx.save_for_forward(*inputs, new_cell, gates)
+        # An output that does not reach the loss has None for a gradient
+        # (no zeros allocated and multiplied); backward handles it.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def _activations(ctx: Any) -> tuple[tuple[Tensor, ...], Tensor, Tensor, bool]:
+        """(inputs, new_cell, gates, recomputed?): the activations the
+        forward saved, or recomputed in plain torch from the inputs when what
+        is computed from them will be differentiated again."""
+        *inputs, new_cell, gates = ctx.saved_tensors
+        if not _differentiated_again(inputs):
+            return tuple(inputs), new_cell, gates, False
+        _new_h, new_cell, gates = _composite.forward(*inputs)
+        return tuple(inputs), new_cell, gates, True
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_h: Tensor | None, grad_cell: Tensor | None, _grad_gates: None
+    ) -> tuple[Tensor | None, ...]:
+        inputs, new_cell, gates, recomputed = CellFunction._activations(ctx)
+        input, weights, _bias, old_h, _old_cell = inputs
+        grad_h = torch.zeros_like(new_cell) if grad_h is None else grad_h
+        grad_cell = torch.zeros_like(new_cell) if grad_cell is None else grad_cell
+        args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+        if recomputed:
+            return _composite.backward_math(*args, ctx.needs_input_grad)
+        return _backward_op(backward, *args, list(ctx.needs_input_grad))
+
+    @staticmethod
+    def jvp(ctx: Any, *input_tangents: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        inputs, new_cell, gates, _ = CellFunction._activations(ctx)
+        d_h, d_cell = tangents.cell(inputs, input_tangents, new_cell, gates)
+        return d_h, d_cell, None
+
+
+class SequenceFunction(_SingleLevelFunction):
+    """lltm::sequence_forward with its derivatives; outputs (output, h_n,
+    c_n, gates, cells)."""
+
+    @staticmethod
+    def forward(*args: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
+        with below_autograd():
+            return sequence_forward(*args)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+        *tensors, reverse = inputs  # input, weights, bias, old_h, old_cell, batch_sizes
+        out, _h_n, _c_n, gates, cells = output
+        ctx.mark_non_differentiable(gates, cells)
+        ctx.save_for_backward(*tensors, out, gates, cells)
+        ctx.save_for_forward(*tensors, out, gates, cells)
+        ctx.reverse = reverse
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def _activations(ctx: Any) -> tuple[tuple[Any, ...], tuple[Tensor, ...], bool]:
+        """(inputs with batch_sizes, (output, gates, cells), recomputed?), as
+        CellFunction._activations."""
+        *inputs, batch_sizes, output, gates, cells = ctx.saved_tensors
+        if not _differentiated_again(inputs):
+            return (*inputs, batch_sizes), (output, gates, cells), False
+        output, _h_n, _c_n, gates, cells = _composite.sequence_forward(
+            *inputs, batch_sizes, ctx.reverse
+        )
+        return (*inputs, batch_sizes), (output, gates, cells), True
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        inputs, saved, recomputed = SequenceFunction._activations(ctx)
+        input, weights, _bias, old_h, _old_cell, batch_sizes = inputs
+        grad_output, grad_h_n, grad_c_n, _grad_gates, _grad_cells = grads
+        args = (
+            grad_output, grad_h_n, grad_c_n, *saved, input, weights, old_h, batch_sizes,
+            ctx.reverse, list(ctx.needs_input_grad[:5]),
+        )  # fmt: skip
+        if recomputed:
+            return (*_composite.sequence_backward(*args), None, None)
+        return (*_backward_op(sequence_backward, *args), None, None)
+
+    @staticmethod
+    def jvp(ctx: Any, *input_tangents: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        inputs, (output, gates, cells), _ = SequenceFunction._activations(ctx)
+        d_output, d_h_n, d_c_n = tangents.sequence(
+            inputs, ctx.reverse, input_tangents[:5], output, gates, cells
+        )
+        return d_output, d_h_n, d_c_n, None, None
+
+
+# --- Registration ----------------------------------------------------------------------
+
+
+def _forward_kernel(
+    op: Any, function: type[_SingleLevelFunction], composite: Callable[..., Any]
+) -> Callable[..., Any]:
+    def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active() and _nested_differentiation():
+            # Derivatives of derivatives under torch.func (see the module's
+            # docstring): the plain-torch formulas.
+            return composite(*args)
+        if differentiating(args):
+            with enable_single_level_autograd_function():
+                return function.apply(*args)
+        with below_autograd():
+            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+    return kernel
+
+
+def _backward_kernel(op: Any, math: Callable[..., Any]) -> Callable[..., Any]:
+    def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+        if differentiating(args):
+            return math(*args)
+        with below_autograd():
+            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+    return kernel
+
+
+_library = torch.library.Library("lltm", "IMPL")
+for _op, _kernel in (
+    (forward, _forward_kernel(forward, CellFunction, _composite.forward)),
+    (
+        sequence_forward,
+        _forward_kernel(sequence_forward, SequenceFunction, _composite.sequence_forward),
+    ),
+    (backward, _backward_kernel(backward, _composite.backward)),
+    (sequence_backward, _backward_kernel(sequence_backward, _composite.sequence_backward)),
+):
+    _library.impl(_op._schema.name.split("::")[1], _kernel, "Autograd", with_keyset=True)
