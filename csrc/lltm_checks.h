@@ -151,11 +151,24 @@ struct Sizes {
   int64_t batch, features, state;
 };
 
-inline Sizes check_forward_args(const Tensor& input, const Tensor& weights, const Tensor& bias,
-                                const Tensor& old_h, const Tensor& old_cell) {
+// bias: None, or (3 * state_size,). (Its dtype and device are checked with
+// the other arguments', first.)
+inline void check_bias_shape(const std::optional<Tensor>& bias, int64_t state) {
+  if (!bias.has_value()) return;
+  if (bias->dim() != 1 || bias->size(0) != 3 * state) {
+    std::ostringstream s;
+    s << "bias must have shape (3 * state_size,) = (" << 3 * state << ",), got "
+      << shape_str(*bias);
+    fail(s.str());
+  }
+}
+
+inline Sizes check_forward_args(const Tensor& input, const Tensor& weights,
+                                const std::optional<Tensor>& bias, const Tensor& old_h,
+                                const Tensor& old_cell) {
   check_supported_dtype(input);
   check_same_dtype_and_device(input, "input", weights, "weights");
-  check_same_dtype_and_device(input, "input", bias, "bias");
+  if (bias.has_value()) check_same_dtype_and_device(input, "input", *bias, "bias");
   check_same_dtype_and_device(input, "input", old_h, "old_h");
   check_same_dtype_and_device(input, "input", old_cell, "old_cell");
   if (input.dim() != 2) {
@@ -168,12 +181,7 @@ inline Sizes check_forward_args(const Tensor& input, const Tensor& weights, cons
   check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
   check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)");
   check_weights(weights, n.state, n.features);
-  if (bias.dim() != 1 || bias.size(0) != 3 * n.state) {
-    std::ostringstream s;
-    s << "bias must have shape (3 * state_size,) = (" << 3 * n.state << ",), got "
-      << shape_str(bias);
-    fail(s.str());
-  }
+  check_bias_shape(bias, n.state);
   return n;
 }
 
@@ -278,24 +286,19 @@ inline SequenceSizes sequence_sizes(const Tensor& input, const Tensor& old_h,
 // devices and shapes. The values of batch_sizes are checked by
 // sequence_batch_sizes(), where they are read.
 inline SequenceSizes check_sequence_args(const Tensor& input, const Tensor& weights,
-                                         const Tensor& bias, const Tensor& old_h,
+                                         const std::optional<Tensor>& bias, const Tensor& old_h,
                                          const Tensor& old_cell,
                                          const std::optional<Tensor>& batch_sizes) {
   check_supported_dtype(input);
   check_same_dtype_and_device(input, "input", weights, "weights");
-  check_same_dtype_and_device(input, "input", bias, "bias");
+  if (bias.has_value()) check_same_dtype_and_device(input, "input", *bias, "bias");
   check_same_dtype_and_device(input, "input", old_h, "old_h");
   check_same_dtype_and_device(input, "input", old_cell, "old_cell");
   const SequenceSizes n = sequence_sizes(input, old_h, batch_sizes);
   check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)");
   check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)");
   check_weights(weights, n.state, n.features);
-  if (bias.dim() != 1 || bias.size(0) != 3 * n.state) {
-    std::ostringstream s;
-    s << "bias must have shape (3 * state_size,) = (" << 3 * n.state << ",), got "
-      << shape_str(bias);
-    fail(s.str());
-  }
+  check_bias_shape(bias, n.state);
   return n;
 }
 

@@ -12,9 +12,10 @@ STABLE_TORCH_LIBRARY(lltm, m) {
   // tanh are functions of their outputs and ELU's is computed from x (a
   // rounded elu(x) would lose exp(x) in 16-bit). The pre-activations are
   // [old_h, input] @ W^T + bias, rounded once, as F.linear rounds them. It
-  // is an implementation detail, not differentiable.
+  // is an implementation detail, not differentiable. Without a bias (None,
+  // as F.linear takes it) no bias is added.
   m.def(
-      "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
+      "forward(Tensor input, Tensor weights, Tensor? bias, Tensor old_h, "
       "Tensor old_cell) -> (Tensor new_h, Tensor new_cell, Tensor gates)");
   // Gradients of one step with respect to (input, weights, bias, old_h,
   // old_cell), given the upstream gradients of new_h and new_cell. As in
@@ -40,7 +41,7 @@ STABLE_TORCH_LIBRARY(lltm, m) {
   // `gates` and `cells` (every step's activated gates and new_cell) are what
   // backward needs; they are not differentiable.
   m.def(
-      "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
+      "sequence_forward(Tensor input, Tensor weights, Tensor? bias, Tensor old_h, "
       "Tensor old_cell, Tensor? batch_sizes, bool reverse) -> "
       "(Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
   // Backpropagation through time. The gradients of output, h_n and c_n may
@@ -52,4 +53,15 @@ STABLE_TORCH_LIBRARY(lltm, m) {
       "Tensor old_h, Tensor? batch_sizes, bool reverse, bool[5] output_mask) -> "
       "(Tensor? grad_input, Tensor? grad_weights, Tensor? grad_bias, "
       "Tensor? grad_old_h, Tensor? grad_old_cell)");
+  // Backpropagation through time alone: every step's gate gradients (d
+  // loss / d pre-activations, laid out like `gates`) and the gradients of
+  // old_h and old_cell. sequence_backward is this followed by the products
+  // with W and [h_prev, input]; this op serves what needs the gate gradients
+  // themselves: per-sample weight gradients, one product per sample, for
+  // torch.vmap over a batch that shares the weights.
+  m.def(
+      "sequence_gate_grads(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor output, Tensor gates, Tensor cells, Tensor input, Tensor weights, "
+      "Tensor old_h, Tensor? batch_sizes, bool reverse) -> "
+      "(Tensor grad_gates, Tensor grad_old_h, Tensor grad_old_cell)");
 }

@@ -29,6 +29,7 @@ OPS = (
     "lltm::backward",
     "lltm::sequence_forward",
     "lltm::sequence_backward",
+    "lltm::sequence_gate_grads",
 )
 DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 

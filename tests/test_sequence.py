@@ -267,6 +267,35 @@ def test_native_equals_composite(case, dtype):
         _composite.sequence_backward(*backward_args),
         GRAD_NAMES,
     )
+    gate_grads_args = backward_args[:-1]  # no output_mask
+    assert_all_close(
+        torch.ops.lltm.sequence_gate_grads(*gate_grads_args),
+        _composite.sequence_gate_grads(*gate_grads_args),
+        ("grad_gates", "grad_old_h", "grad_old_cell"),
+    )
+
+
+@pytest.mark.parametrize("case", ["padded", "packed_reverse"])
+def test_gate_grads_are_what_the_backward_multiplies(case):
+    # sequence_backward = sequence_gate_grads, then the products: grad_input
+    # = d_gates @ W_x and grad_bias = the sum of d_gates.
+    args = _op_args(case)
+    backward_args = _backward_args(args, torch.ops.lltm.sequence_forward(*args))
+    grad_input, _, grad_bias, grad_old_h, grad_old_cell = torch.ops.lltm.sequence_backward(
+        *backward_args
+    )
+    d_gates, gate_old_h, gate_old_cell = torch.ops.lltm.sequence_gate_grads(*backward_args[:-1])
+    weights, state = args[1], args[3].shape[1]
+    assert_tight(
+        [
+            d_gates @ weights[:, state:],
+            d_gates.reshape(-1, 3 * state).sum(0),
+            gate_old_h,
+            gate_old_cell,
+        ],
+        [grad_input, grad_bias, grad_old_h, grad_old_cell],
+        ["grad_input", "grad_bias", "grad_old_h", "grad_old_cell"],
+    )
 
 
 @pytest.mark.parametrize("case", OP_CASES)
@@ -284,6 +313,15 @@ def test_opcheck_sequence_backward(case, mask):
     outputs = torch.ops.lltm.sequence_forward(*args)
     torch.library.opcheck(
         torch.ops.lltm.sequence_backward.default, tuple(_backward_args(args, outputs, mask))
+    )
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_opcheck_sequence_gate_grads(case):
+    args = _op_args(case)
+    outputs = torch.ops.lltm.sequence_forward(*args)
+    torch.library.opcheck(
+        torch.ops.lltm.sequence_gate_grads.default, tuple(_backward_args(args, outputs)[:-1])
     )
 
 

@@ -131,7 +131,8 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
   }
 }
 
-std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h,
+std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights,
+                                           std::optional<Tensor> bias, Tensor old_h,
                                            Tensor old_cell) {
   const Sizes n = check_forward_args(input, weights, bias, old_h, old_cell);
   selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
@@ -142,7 +143,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor 
   // gates = bias + [old_h, input] @ W^T: the pre-activations rounded once, as
   // F.linear rounds them (in 16-bit a product beyond the range that the bias
   // brings back stays finite). The pointwise pass then activates them.
-  addmm_out(gates, bias, x, transposed(weights), /*beta=*/1.0);
+  linear_out(gates, bias, x, transposed(weights));
   THO_DISPATCH_V2(input.scalar_type(), "lltm_forward_cpu", AT_WRAP([&] {
                     forward_pointwise<scalar_t>(gates, old_cell, new_h, new_cell, n.batch, n.state);
                   }),

@@ -119,11 +119,13 @@ RowBlocks split_rows(int64_t batch, int64_t work) {
   return {count, (tiles + count - 1) / count * kTileRows};
 }
 
-// The bias as a dense row, copied once per call.
+// The bias as a dense row, copied once per call (zeros without a bias: the
+// packed GEMM accumulates onto the row it starts from).
 template <typename scalar_t>
-std::vector<scalar_t> dense_bias(const Tensor& bias, int64_t size) {
-  const Matrix<const scalar_t> b = row_of<const scalar_t>(bias);
-  std::vector<scalar_t> out(size);
+std::vector<scalar_t> dense_bias(const std::optional<Tensor>& bias, int64_t size) {
+  std::vector<scalar_t> out(size, scalar_t(0));
+  if (!bias.has_value()) return out;
+  const Matrix<const scalar_t> b = row_of<const scalar_t>(*bias);
   for (int64_t k = 0; k < size; ++k) out[k] = b.data[k * b.col_stride];
   return out;
 }
@@ -132,7 +134,8 @@ std::vector<scalar_t> dense_bias(const Tensor& bias, int64_t size) {
 // contiguous rows; `c0` any strides.
 template <typename scalar_t>
 void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, const Tensor& x,
-                            const Tensor& weights, const Tensor& bias, const Tensor& h0,
+                            const Tensor& weights, const std::optional<Tensor>& bias,
+                            const Tensor& h0,
                             const Tensor& c0, Tensor& output, Tensor& gates, Tensor& cells) {
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
@@ -213,7 +216,7 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
   if (kOneGemmPerStep) {
     step_input = new_matrix(x, n.batch, S + n.features);
   } else if (n.rows > 0 && S > 0) {
-    addmm_out(gates, bias, x, transposed(column_block(weights, S, n.features, false)), 1.0);
+    linear_out(gates, bias, x, transposed(column_block(weights, S, n.features, false)));
   }
   for (int64_t k = 0; k < schedule.steps(); ++k) {
     const int64_t t = schedule.step(k);
@@ -229,9 +232,9 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
         std::copy(x_row, x_row + n.features, in + r * (S + n.features) + S);
       }
       Tensor step_gates = reshaped_view(gates, size, 3 * S, 3 * S, 1, start * 3 * S);
-      addmm_out(step_gates, bias,
-                reshaped_view(*step_input, size, S + n.features, S + n.features, 1),
-                transposed(weights), 1.0);
+      linear_out(step_gates, bias,
+                 reshaped_view(*step_input, size, S + n.features, S + n.features, 1),
+                 transposed(weights));
     } else if (size > 0) {
       // The previous rows in contiguous blocks: the previous step's, then
       // (going in reverse over packed sequences) rows joining now.
@@ -285,7 +288,7 @@ void gather_final_state(const SequenceSizes& n, const Schedule& schedule, const 
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
-    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell,
+    Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
     std::optional<Tensor> batch_sizes, bool reverse) {
   const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
   selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
@@ -466,6 +469,46 @@ void previous_state_and_input(const SequenceSizes& n, const Schedule& schedule,
   }
 }
 
+// Backpropagation through time: every step's d_gates (in the layout of
+// `gates`, and as (rows, 3S)), and the gradients of old_h and old_cell (the
+// running gradients of the state after the first step); grad_bias too when
+// it is given.
+struct ThroughTime {
+  Tensor d_gates, d_gate_rows, grad_h, grad_c;
+};
+
+ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedule,
+                                  const std::optional<Tensor>& grad_output,
+                                  const std::optional<Tensor>& grad_h_n,
+                                  const std::optional<Tensor>& grad_c_n, const Tensor& gates,
+                                  const Tensor& cells, const Tensor& input, const Tensor& weights,
+                                  std::optional<Tensor>& grad_bias, bool want_old_h) {
+  const int64_t S = n.state;
+  // The running gradients of the state, which end as those of old_h, old_cell.
+  const Tensor d_gates = new_sequence_tensor(input, n, 3 * S);
+  ThroughTime result{d_gates, as_rows(d_gates, n), new_matrix(input, n.batch, S),
+                     new_matrix(input, n.batch, S)};
+  THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cpu", AT_WRAP([&] {
+                    for (auto [from, to] :
+                         {std::pair{&grad_h_n, &result.grad_h}, {&grad_c_n, &result.grad_c}}) {
+                      scalar_t* d = static_cast<scalar_t*>(to->data_ptr());
+                      if (!from->has_value()) {
+                        std::fill(d, d + n.batch * S, scalar_t(0));
+                      } else if (n.batch * S > 0) {
+                        copy_columns(*to, **from, 0);
+                      }
+                    }
+                    sequence_backward_steps<scalar_t>(
+                        n, schedule, grad_output, gates, cells, weights, result.d_gate_rows,
+                        result.grad_h, result.grad_c,
+                        grad_bias ? static_cast<scalar_t*>(grad_bias->data_ptr()) : nullptr,
+                        want_old_h);
+                  }),
+                  AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                  torch::headeronly::ScalarType::BFloat16);
+  return result;
+}
+
 using Grads = std::tuple<std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
                          std::optional<Tensor>, std::optional<Tensor>>;
 
@@ -480,28 +523,12 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const int64_t S = n.state;
-  // The running gradients of the state, which end as those of old_h, old_cell.
-  Tensor grad_h = new_matrix(input, n.batch, S);
-  Tensor grad_c = new_matrix(input, n.batch, S);
-  Tensor d_gates = new_matrix(input, n.rows, 3 * S);
   std::optional<Tensor> grad_bias;
   if (want.bias) grad_bias = new_vector(weights, 3 * S);
-  THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cpu", AT_WRAP([&] {
-                    for (auto [from, to] : {std::pair{&grad_h_n, &grad_h}, {&grad_c_n, &grad_c}}) {
-                      scalar_t* d = static_cast<scalar_t*>(to->data_ptr());
-                      if (!from->has_value()) {
-                        std::fill(d, d + n.batch * S, scalar_t(0));
-                      } else if (n.batch * S > 0) {
-                        copy_columns(*to, **from, 0);
-                      }
-                    }
-                    sequence_backward_steps<scalar_t>(
-                        n, schedule, grad_output, gates, cells, weights, d_gates, grad_h, grad_c,
-                        grad_bias ? static_cast<scalar_t*>(grad_bias->data_ptr()) : nullptr,
-                        want.old_h);
-                  }),
-                  AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
-                  torch::headeronly::ScalarType::BFloat16);
+  ThroughTime through_time =
+      backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
+                            weights, grad_bias, want.old_h);
+  const Tensor& d_gates = through_time.d_gate_rows;
 
   std::optional<Tensor> grad_input, grad_weights;
   if (want.weights) {
@@ -520,8 +547,23 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     addmm_out(rows, rows, d_gates, column_block(weights, S, n.features, false), 0.0);
   }
   return {grad_input, grad_weights, grad_bias,
-          want.old_h ? std::optional<Tensor>(grad_h) : std::nullopt,
-          want.old_cell ? std::optional<Tensor>(grad_c) : std::nullopt};
+          want.old_h ? std::optional<Tensor>(through_time.grad_h) : std::nullopt,
+          want.old_cell ? std::optional<Tensor>(through_time.grad_c) : std::nullopt};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(
+    std::optional<Tensor> grad_output, std::optional<Tensor> grad_h_n,
+    std::optional<Tensor> grad_c_n, Tensor output, Tensor gates, Tensor cells, Tensor input,
+    Tensor weights, Tensor old_h, std::optional<Tensor> batch_sizes, bool reverse) {
+  const SequenceSizes n = check_sequence_backward_args(
+      grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
+  selected_isa();
+  const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
+  std::optional<Tensor> no_bias;
+  ThroughTime through_time =
+      backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
+                            weights, no_bias, /*want_old_h=*/true);
+  return {through_time.d_gates, through_time.grad_h, through_time.grad_c};
 }
 
 }  // namespace
@@ -530,4 +572,5 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
 STABLE_TORCH_LIBRARY_IMPL(lltm, CPU, m) {
   m.impl("sequence_forward", TORCH_BOX(&lltm::cpu::sequence_forward));
   m.impl("sequence_backward", TORCH_BOX(&lltm::cpu::sequence_backward));
+  m.impl("sequence_gate_grads", TORCH_BOX(&lltm::cpu::sequence_gate_grads));
 }

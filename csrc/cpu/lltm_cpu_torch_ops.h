@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "../lltm_errors.h"
 #include "../lltm_tensor.h"
@@ -19,6 +20,17 @@ inline void addmm_out(Tensor& out, const Tensor& self, const Tensor& mat1, const
   LLTM_CHECK_TORCH(
       aoti_torch_cpu_addmm_out(out.get(), self.get(), mat1.get(), mat2.get(), beta, 1.0),
       "the matrix product (torch's addmm)");
+}
+
+// out = bias + mat1 @ mat2 (bias broadcast over the rows), or mat1 @ mat2
+// without a bias: the pre-activations, rounded once either way.
+inline void linear_out(Tensor& out, const std::optional<Tensor>& bias, const Tensor& mat1,
+                       const Tensor& mat2) {
+  if (bias.has_value()) {
+    addmm_out(out, *bias, mat1, mat2, 1.0);
+  } else {
+    addmm_out(out, out, mat1, mat2, 0.0);
+  }
 }
 
 // dst[:, first : first + src.cols] = src, any strides, any 2/4/8-byte dtype.

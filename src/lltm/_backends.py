@@ -266,6 +266,7 @@ _COMPOSITE_KERNELS = {
     "lltm::backward": _composite.backward,
     "lltm::sequence_forward": _warning_first(_composite.sequence_forward),
     "lltm::sequence_backward": _composite.sequence_backward,
+    "lltm::sequence_gate_grads": _composite.sequence_gate_grads,
 }
 for _op, _kernel in _COMPOSITE_KERNELS.items():
     torch.library.register_kernel(_op, None, _kernel)

@@ -76,8 +76,14 @@ def _check_supported_dtype(input: Tensor) -> None:
         )
 
 
+def _check_bias(bias: Tensor | None, state: Any) -> None:
+    """bias: None, or (3 * state_size,) (dtype and device checked before)."""
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != 3 * state):
+        _fail(f"bias must have shape (3 * state_size,) = ({3 * state},), got {_shape(bias)}")
+
+
 def check_forward_args(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Any, Any, Any]:
     """Validates forward's arguments like the C++ kernels do; returns (B, F, S)."""
     for name, t in (
@@ -87,11 +93,13 @@ def check_forward_args(
         ("old_h", old_h),
         ("old_cell", old_cell),
     ):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"lltm: {name} must be a Tensor, got {type(t).__name__}")
+        if not isinstance(t, Tensor) and not (name == "bias" and t is None):
+            expected = "a Tensor or None" if name == "bias" else "a Tensor"
+            raise TypeError(f"lltm: {name} must be {expected}, got {type(t).__name__}")
     _check_supported_dtype(input)
     for name, t in (("weights", weights), ("bias", bias), ("old_h", old_h), ("old_cell", old_cell)):
-        _check_same(input, "input", t, name)
+        if t is not None:
+            _check_same(input, "input", t, name)
     if input.dim() != 2:
         _fail(f"input must be 2-D (batch, input_features), got shape {_shape(input)}")
     if old_h.dim() != 2:
@@ -100,8 +108,7 @@ def check_forward_args(
     _check_matrix(old_h, "old_h", batch, state, "(batch, state_size)")
     _check_matrix(old_cell, "old_cell", batch, state, "(batch, state_size)")
     _check_weights(weights, state, features)
-    if bias.dim() != 1 or bias.shape[0] != 3 * state:
-        _fail(f"bias must have shape (3 * state_size,) = ({3 * state},), got {_shape(bias)}")
+    _check_bias(bias, state)
     return batch, features, state
 
 
@@ -212,7 +219,7 @@ def _sequence_sizes(input: Tensor, old_h: Tensor, batch_sizes: Tensor | None) ->
 def check_sequence_args(
     input: Tensor,
     weights: Tensor,
-    bias: Tensor,
+    bias: Tensor | None,
     old_h: Tensor,
     old_cell: Tensor,
     batch_sizes: Tensor | None,
@@ -220,13 +227,13 @@ def check_sequence_args(
     """Validates lltm::sequence_forward's arguments like the C++ kernels do."""
     _check_supported_dtype(input)
     for name, t in (("weights", weights), ("bias", bias), ("old_h", old_h), ("old_cell", old_cell)):
-        _check_same(input, "input", t, name)
+        if t is not None:
+            _check_same(input, "input", t, name)
     n = _sequence_sizes(input, old_h, batch_sizes)
     _check_matrix(old_h, "old_h", n.batch, n.state, "(batch, state_size)")
     _check_matrix(old_cell, "old_cell", n.batch, n.state, "(batch, state_size)")
     _check_weights(weights, n.state, n.features)
-    if bias.dim() != 1 or bias.shape[0] != 3 * n.state:
-        _fail(f"bias must have shape (3 * state_size,) = ({3 * n.state},), got {_shape(bias)}")
+    _check_bias(bias, n.state)
     return n
 
 

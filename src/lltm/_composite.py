@@ -34,11 +34,12 @@ def math_type(t: Tensor) -> torch.dtype:
 
 
 def forward(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     check_forward_args(input, weights, bias, old_h, old_cell)
     math = math_type(input)
-    pre = torch.addmm(bias, torch.cat([old_h, input], dim=1), weights.t()).to(math)
+    # One rounding of the pre-activations, with the bias or without one.
+    pre = F.linear(torch.cat([old_h, input], dim=1), weights, bias).to(math)
     pre_i, pre_o, pre_g = pre.chunk(3, dim=1)
     i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
     new_cell = old_cell.to(math) + g * i
@@ -174,7 +175,7 @@ def previous_states(
 def sequence_forward(
     input: Tensor,
     weights: Tensor,
-    bias: Tensor,
+    bias: Tensor | None,
     old_h: Tensor,
     old_cell: Tensor,
     batch_sizes: Tensor | None,
@@ -200,6 +201,50 @@ def sequence_forward(
     )
 
 
+def _through_time(
+    grad_output: Tensor | None,
+    grad_h_n: Tensor | None,
+    grad_c_n: Tensor | None,
+    gates: Tensor,
+    cells: Tensor,
+    input: Tensor,
+    weights: Tensor,
+    old_h: Tensor,
+    steps: list[tuple[int, slice]],
+    n: Any,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backpropagation through time: (every step's d_gates as (rows, 3S), the
+    gradients of old_h and old_cell, grad_bias in the math type)."""
+    gate_rows, cell_rows = as_rows(gates, n), as_rows(cells, n)
+    grad_rows = None if grad_output is None else as_rows(grad_output, n)
+    w_h = weights[:, : n.state]
+    # Through time, last step first: the running gradients of the state.
+    dh = torch.zeros_like(old_h) if grad_h_n is None else grad_h_n
+    dc = torch.zeros_like(old_h) if grad_c_n is None else grad_c_n
+    d_gates: dict[int, Tensor] = {}
+    # As in the cell: pointwise math in float32 for 16-bit types; the
+    # running gradients and d_gates kept in the input's type between steps.
+    math, dtype = math_type(input), input.dtype
+    grad_bias = torch.zeros(3 * n.state, dtype=math, device=input.device)
+    for size, rows in reversed(steps):
+        grad_h = dh[:size].to(math)
+        if grad_rows is not None:
+            grad_h = grad_h + grad_rows[rows].to(math)
+        step, d_cell = step_backward(grad_h, dc[:size], cell_rows[rows], gate_rows[rows], math)
+        grad_bias = grad_bias + step.sum(dim=0)
+        step = step.to(dtype)
+        d_gates[rows.start] = step
+        dh = torch.cat([step @ w_h, dh[size:]])
+        dc = torch.cat([d_cell.to(dtype), dc[size:]])
+    all_d_gates = in_step_order(d_gates, n, 3 * n.state, input)
+    return (
+        all_d_gates,
+        dh.clone() if dh is grad_h_n else dh,
+        dc.clone() if dc is grad_c_n else dc,
+        grad_bias,
+    )
+
+
 def sequence_backward(
     grad_output: Tensor | None,
     grad_h_n: Tensor | None,
@@ -220,35 +265,41 @@ def sequence_backward(
     )
     want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
     steps = step_schedule(n, batch_sizes, reverse)
-    out_rows, gate_rows, cell_rows = as_rows(output, n), as_rows(gates, n), as_rows(cells, n)
-    grad_rows = None if grad_output is None else as_rows(grad_output, n)
-    w_h = weights[:, : n.state]
-    h_prev = previous_states(out_rows, old_h, steps)
-    # Through time, last step first: the running gradients of the state.
-    dh = torch.zeros_like(old_h) if grad_h_n is None else grad_h_n
-    dc = torch.zeros_like(old_h) if grad_c_n is None else grad_c_n
-    d_gates: dict[int, Tensor] = {}
-    # As in the cell: pointwise math in float32 for 16-bit types; the
-    # running gradients and d_gates kept in the input's type between steps.
-    math, dtype = math_type(input), input.dtype
-    grad_bias = torch.zeros(3 * n.state, dtype=math, device=input.device)
-    for size, rows in reversed(steps):
-        grad_h = dh[:size].to(math)
-        if grad_rows is not None:
-            grad_h = grad_h + grad_rows[rows].to(math)
-        step, d_cell = step_backward(grad_h, dc[:size], cell_rows[rows], gate_rows[rows], math)
-        grad_bias = grad_bias + step.sum(dim=0)
-        step = step.to(dtype)
-        d_gates[rows.start] = step
-        dh = torch.cat([step @ w_h, dh[size:]])
-        dc = torch.cat([d_cell.to(dtype), dc[size:]])
-    all_d_gates = in_step_order(d_gates, n, 3 * n.state, input)
-    x_rows = as_rows(input, n)
-    h_rows = in_step_order(h_prev, n, n.state, input)
-    return (
-        in_layout(all_d_gates @ weights[:, n.state :], n) if want_input else None,
-        all_d_gates.t() @ torch.cat([h_rows, x_rows], dim=1) if want_weights else None,
-        grad_bias.to(dtype) if want_bias else None,
-        (dh.clone() if dh is grad_h_n else dh) if want_old_h else None,
-        (dc.clone() if dc is grad_c_n else dc) if want_old_cell else None,
+    d_gates, grad_old_h, grad_old_cell, grad_bias = _through_time(
+        grad_output, grad_h_n, grad_c_n, gates, cells, input, weights, old_h, steps, n
     )
+    h_prev = previous_states(as_rows(output, n), old_h, steps)
+    h_rows = in_step_order(h_prev, n, n.state, input)
+    x_rows = as_rows(input, n)
+    return (
+        in_layout(d_gates @ weights[:, n.state :], n) if want_input else None,
+        d_gates.t() @ torch.cat([h_rows, x_rows], dim=1) if want_weights else None,
+        grad_bias.to(input.dtype) if want_bias else None,
+        grad_old_h if want_old_h else None,
+        grad_old_cell if want_old_cell else None,
+    )
+
+
+def sequence_gate_grads(
+    grad_output: Tensor | None,
+    grad_h_n: Tensor | None,
+    grad_c_n: Tensor | None,
+    output: Tensor,
+    gates: Tensor,
+    cells: Tensor,
+    input: Tensor,
+    weights: Tensor,
+    old_h: Tensor,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """lltm::sequence_gate_grads in plain torch ops: (every step's gate
+    gradients, laid out like ``gates``; the gradients of old_h, old_cell)."""
+    n = check_sequence_backward_args(
+        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
+    )
+    steps = step_schedule(n, batch_sizes, reverse)
+    d_gates, grad_old_h, grad_old_cell, _ = _through_time(
+        grad_output, grad_h_n, grad_c_n, gates, cells, input, weights, old_h, steps, n
+    )
+    return in_layout(d_gates, n), grad_old_h, grad_old_cell

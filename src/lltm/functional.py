@@ -9,7 +9,7 @@ from ._checks import check_forward_args
 
 
 def lltm_cell(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor]:
     """One step of the LLTM cell.
 
@@ -17,7 +17,7 @@ def lltm_cell(
         input: ``(batch, input_features)``.
         weights: ``(3 * state_size, state_size + input_features)``; columns
             ``[0, state_size)`` multiply ``old_h``, the rest ``input``.
-        bias: ``(3 * state_size,)``.
+        bias: ``(3 * state_size,)``, or None for none (as in ``F.linear``).
         old_h, old_cell: ``(batch, state_size)``.
 
     Returns:
@@ -25,7 +25,7 @@ def lltm_cell(
         respect to every argument; works under ``torch.compile``.
     """
     args = (input, weights, bias, old_h, old_cell)
-    if not all(isinstance(t, Tensor) for t in args):
+    if not all(isinstance(t, Tensor) or (t is None and i == 2) for i, t in enumerate(args)):
         # The dispatcher's own message is long and names no expected type.
         # (Checked up front, not in an `except`: torch.compile reports errors
         # raised inside an exception handler as graph breaks.)
@@ -34,7 +34,7 @@ def lltm_cell(
 
 
 def lltm_sequence(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """The LLTM cell over a whole sequence, in one operator call.
 
@@ -54,7 +54,7 @@ def lltm_sequence(
         ``batch_first`` and packed sequences.
     """
     args = (input, weights, bias, old_h, old_cell)
-    if not all(isinstance(t, Tensor) for t in args):
+    if not all(isinstance(t, Tensor) or (t is None and i == 2) for i, t in enumerate(args)):
         check_forward_args(*args)  # raises a TypeError naming the argument
     output, h_n, c_n = ops.sequence(*args)
     return output, (h_n, c_n)

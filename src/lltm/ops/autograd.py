@@ -39,6 +39,7 @@ through their own dispatch keys (vmap through the rules of vmap.py).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,7 +51,15 @@ from torch.autograd.function import _SingleLevelFunction
 
 from .. import _composite
 from . import tangents
-from .library import backward, below_autograd, forward, sequence_backward, sequence_forward, typed
+from .library import (
+    backward,
+    below_autograd,
+    forward,
+    sequence_backward,
+    sequence_forward,
+    sequence_gate_grads,
+    typed,
+)
 
 
 def differentiating(args: Sequence[Any]) -> bool:
@@ -88,17 +97,30 @@ def _differentiated_again(inputs: Sequence[Tensor | None]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
 
 
+# Set while a Function's backward calls a backward operator under torch.func:
+# the operator's Autograd kernel then goes straight to the kernels (see
+# _backward_op).
+_within_backward = threading.local()
+
+
 def _backward_op(op: Any, *args: Any) -> Any:
     """Calls a backward operator from a Function's backward whose result is
-    not differentiated again: under torch.func, below this level's autograd
-    (no transform around it differentiates; vmap still applies its rules)."""
+    not differentiated again.
+
+    Under torch.func the transform computing this backward runs it with
+    grad mode on and its inputs requiring grad (so that enclosing transforms
+    see the ops), which would send the call down the differentiable
+    plain-torch path; but no transform encloses this one differentiating
+    (that case never gets here: see _forward_kernel), so the kernels serve,
+    and vmap still applies its rules on the way."""
+    previous = getattr(_within_backward, "active", False)
+    _within_backward.active = torch._C._are_functorch_transforms_active()
     try:
-        if torch._C._are_functorch_transforms_active():
-            with below_autograd():
-                return op(*args)
         return op(*args)
     except RuntimeError as error:
         raise typed(error) from None
+    finally:
+        _within_backward.active = previous
 
 
 # --- The forward operators ---------------------------------------------------------
@@ -230,7 +252,7 @@ def _forward_kernel(
 
 def _backward_kernel(op: Any, math: Callable[..., Any]) -> Callable[..., Any]:
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
-        if differentiating(args):
+        if differentiating(args) and not getattr(_within_backward, "active", False):
             return math(*args)
         with below_autograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
@@ -247,5 +269,6 @@ for _op, _kernel in (
     ),
     (backward, _backward_kernel(backward, _composite.backward)),
     (sequence_backward, _backward_kernel(sequence_backward, _composite.sequence_backward)),
+    (sequence_gate_grads, _backward_kernel(sequence_gate_grads, _composite.sequence_gate_grads)),
 ):
     _library.impl(_op._schema.name.split("::")[1], _kernel, "Autograd", with_keyset=True)

@@ -24,7 +24,7 @@ from .._checks import (
 
 @torch.library.register_fake("lltm::forward")
 def _forward_fake(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     batch, _, state = check_forward_args(input, weights, bias, old_h, old_cell)
     return (
@@ -71,7 +71,7 @@ def _sequence_layout(like: Tensor, n: SequenceSizes, width: Any) -> Tensor:
 def _sequence_forward_fake(
     input: Tensor,
     weights: Tensor,
-    bias: Tensor,
+    bias: Tensor | None,
     old_h: Tensor,
     old_cell: Tensor,
     batch_sizes: Tensor | None,
@@ -114,3 +114,27 @@ def _sequence_backward_fake(
         old_h.new_empty((n.batch, n.state)),
     )
     return tuple(g if want else None for g, want in zip(grads, wanted, strict=True))
+
+
+@torch.library.register_fake("lltm::sequence_gate_grads")
+def _sequence_gate_grads_fake(
+    grad_output: Tensor | None,
+    grad_h_n: Tensor | None,
+    grad_c_n: Tensor | None,
+    output: Tensor,
+    gates: Tensor,
+    cells: Tensor,
+    input: Tensor,
+    weights: Tensor,
+    old_h: Tensor,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    n = check_sequence_backward_args(
+        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
+    )
+    return (
+        _sequence_layout(input, n, 3 * n.state),
+        old_h.new_empty((n.batch, n.state)),
+        old_h.new_empty((n.batch, n.state)),
+    )

@@ -20,6 +20,7 @@ forward = torch.ops.lltm.forward.default
 backward = torch.ops.lltm.backward.default
 sequence_forward = torch.ops.lltm.sequence_forward.default
 sequence_backward = torch.ops.lltm.sequence_backward.default
+sequence_gate_grads = torch.ops.lltm.sequence_gate_grads.default
 
 # Runs a kernel below the autograd key, as an autograd kernel's own forward
 # must; private to torch, so degrade to a plain (slower, equally correct)

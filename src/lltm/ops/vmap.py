@@ -9,14 +9,15 @@ the vmapped index innermost (row ``r`` of sample ``b`` becomes row
 active sequences of all samples are still a prefix of the batch, with
 ``B`` times the batch size.
 
-What one call cannot serve:
+Per-sample parameter gradients (a backward with shared weights asked for
+weight or bias gradients, which must not be summed over the samples): the
+gate gradients of all samples in one call (for a sequence,
+``lltm::sequence_gate_grads``, backpropagation through time alone; for a
+step, the pointwise math in plain torch), then one batched matrix product
+for the weights, not a loop.
 
-* per-sample parameter gradients of a step (the backward with shared weights
-  asked for weight or bias gradients, which must not be summed over the
-  samples): the step's backward math in plain torch with a leading batch
-  dimension, batched matrix products instead of a loop;
-* batched parameters (ensembles), batched ``batch_sizes``, and per-sample
-  parameter gradients of a sequence: one kernel call per vmapped index.
+Batched parameters (ensembles) and batched ``batch_sizes``: one kernel call
+per vmapped index.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ import torch
 from torch import Tensor
 
 from .. import _composite
-from .library import backward, forward, sequence_backward, sequence_forward
+from .._checks import check_sequence_backward_args
+from .library import (
+    backward,
+    forward,
+    sequence_backward,
+    sequence_forward,
+    sequence_gate_grads,
+)
 
 InDims = tuple[int | None, ...]
 
@@ -129,22 +137,89 @@ def _sequence_forward_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tupl
     return _unfolded(outputs, size)
 
 
+def _fold_sequence_backward_args(
+    size: int, in_dims: InDims, args: tuple[Any, ...]
+) -> tuple[list[Any], Tensor, Tensor | None]:
+    """The tensors of a sequence backward call (grad_output, grad_h_n,
+    grad_c_n, output, gates, cells, input, weights, old_h) folded, and
+    batch_sizes for the folded batch."""
+    *tensors, batch_sizes = args[:10]
+    *row_dims, _weights_dim, old_h_dim, _sizes_dim = in_dims[:10]
+    rows = [_fold(t, d, size) for t, d in zip(tensors[:-2], row_dims, strict=True)]
+    folded = [*rows, tensors[-2], _fold(tensors[-1], old_h_dim, size)]
+    return folded, tensors[-2], None if batch_sizes is None else batch_sizes * size
+
+
+def _one_call_serves(in_dims: InDims) -> bool:
+    """Weights and batch_sizes shared: the vmapped index can be folded."""
+    weights_dim, sizes_dim = in_dims[7], in_dims[9]
+    return weights_dim is None and sizes_dim is None
+
+
+@torch.library.register_vmap("lltm::sequence_gate_grads")
+def _sequence_gate_grads_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tuple, tuple]:
+    size = info.batch_size
+    if not _one_call_serves(in_dims):
+        return _per_index(sequence_gate_grads, size, in_dims, args)
+    folded, _, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
+    return _unfolded(sequence_gate_grads(*folded, batch_sizes, args[10]), size)
+
+
 @torch.library.register_vmap("lltm::sequence_backward")
 def _sequence_backward_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tuple, tuple]:
-    *tensors, batch_sizes, reverse, output_mask = args
-    *row_dims, weights_dim, old_h_dim, sizes_dim, _, _ = in_dims
-    _, want_weights, want_bias, _, _ = output_mask
     size = info.batch_size
-    if weights_dim is not None or sizes_dim is not None or want_weights or want_bias:
+    if not _one_call_serves(in_dims):
         return _per_index(sequence_backward, size, in_dims, args)
-    # (grad_output, grad_h_n, grad_c_n, output, gates, cells, input), weights, old_h
-    rows = [_fold(t, d, size) for t, d in zip(tensors[:-2], row_dims, strict=True)]
-    grads = sequence_backward(
-        *rows,
-        tensors[-2],
-        _fold(tensors[-1], old_h_dim, size),
-        None if batch_sizes is None else batch_sizes * size,
-        reverse,
-        output_mask,
+    reverse, output_mask = args[10], args[11]
+    folded, weights, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
+    _, want_weights, want_bias, _, _ = output_mask
+    if not want_weights and not want_bias:
+        return _unfolded(sequence_backward(*folded, batch_sizes, reverse, output_mask), size)
+    return _per_sample_parameter_grads(size, folded, weights, batch_sizes, reverse, output_mask)
+
+
+def _per_sample_parameter_grads(
+    size: int,
+    folded: list[Any],
+    weights: Tensor,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+    output_mask: list[bool],
+) -> tuple[tuple, tuple]:
+    """sequence_backward's gradients for each of ``size`` samples folded into
+    one batch: the gate gradients in one call, then every sample's weight
+    gradient d_gates^T [h_prev, input] over its own rows as one batched
+    product (and its bias gradient as one sum over its rows)."""
+    want_input, want_weights, want_bias, want_old_h, want_old_cell = output_mask
+    d_gates, grad_old_h, grad_old_cell = sequence_gate_grads(*folded, batch_sizes, reverse)
+    output, input, old_h = folded[3], folded[6], folded[8]
+    n = check_sequence_backward_args(*folded, batch_sizes)
+    state = old_h.shape[1]
+    d_rows = _composite.as_rows(d_gates, n)  # (rows * size, 3S), the sample innermost
+    grads: list[Tensor | None] = [None] * 5
+    if want_input:
+        grads[0] = _composite.in_layout(d_rows @ weights[:, state:], n)
+    per_sample = d_rows.reshape(-1, size, d_rows.shape[-1]).transpose(0, 1)  # (size, rows, 3S)
+    if want_weights:
+        steps = _composite.step_schedule(n, batch_sizes, reverse)
+        h_prev = _composite.previous_states(_composite.as_rows(output, n), old_h, steps)
+        h_x = torch.cat(
+            [
+                _composite.in_step_order(h_prev, n, state, input),
+                _composite.as_rows(input, n),
+            ],
+            dim=1,
+        )
+        h_x = h_x.reshape(-1, size, h_x.shape[-1]).transpose(0, 1)  # (size, rows, S + F)
+        grads[1] = per_sample.mT @ h_x
+    if want_bias:
+        # Summed in the math type, from gate gradients in the input's type.
+        math = _composite.math_type(input)
+        grads[2] = per_sample.to(math).sum(dim=1).to(input.dtype)
+    grads[3] = grad_old_h if want_old_h else None
+    grads[4] = grad_old_cell if want_old_cell else None
+    unfolded = [_unfold(g, size) if i in (0, 3, 4) else (g, 0) for i, g in enumerate(grads)]
+    return (
+        tuple(g for g, _ in unfolded),
+        tuple(None if g is None else d for g, d in unfolded),
     )
-    return _unfolded(grads, size)
