@@ -151,9 +151,7 @@ def _sequence_loss(fn):
 
 
 @pytest.mark.parametrize(
-    "in_dims",
-    [(0, None, None, 0, 0), (None, 0, 0, None, None), (0,) * 5],
-    ids=["rows", "params", "all"],
+    "in_dims", [*IN_DIMS, (0, None, None, 0, 0)], ids=[*map(_dims_id, IN_DIMS), "rows"]
 )
 @pytest.mark.parametrize("case", SEQUENCE_CASES)
 def test_sequence_vmap_grad_matches_reference(case, in_dims):
