@@ -83,11 +83,8 @@ def report(results: dict[int, dict[str, common.Run]], args: argparse.Namespace) 
         for seq_len, runs in results.items()
         for kind, run in runs.items()
     ]
-    steps = args.epochs * args.steps_per_epoch
     markdown = (
-        f"Adding problem: hidden size {args.hidden_size}, {args.num_layers} layer(s), "
-        f"{args.epochs} epochs of {args.steps_per_epoch} batches of {args.batch_size} "
-        f"({steps:,} steps), Adam lr {args.lr:g}, clipping {args.clip:g}, seed {args.seed}; "
+        f"Adding problem: {common.training_summary(args, args.steps_per_epoch)}; "
         f"test: {args.test_size:,} sequences. Baseline (predict 1): MSE {BASELINE:.3f}.\n\n"
         + common.markdown_table(header, rows)
     )
@@ -108,7 +105,12 @@ def plot(results: dict[int, dict[str, common.Run]], args: argparse.Namespace) ->
     columns = min(count, 3)
     rows = math.ceil(count / columns)
     fig, axes = plt.subplots(
-        rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False, sharey=True
+        rows,
+        columns,
+        figsize=(4.2 * columns, 3.4 * rows),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
     )
     for ax, (seq_len, runs) in zip(axes.flat, results.items(), strict=False):
         common.plot_history(ax, runs, "loss", "MSE")
@@ -127,7 +129,7 @@ def plot(results: dict[int, dict[str, common.Run]], args: argparse.Namespace) ->
 
 def plot_sweep(results: dict[int, dict[str, common.Run]], args: argparse.Namespace) -> None:
     plt = common.pyplot()
-    fig, (error, cell) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (error, cell) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     lengths = list(results)
     for kind in args.models:
         runs = [results[t][kind] for t in lengths]

@@ -368,10 +368,26 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def training_summary(args: argparse.Namespace, steps_per_epoch: int) -> str:
+    """The model and training options, as the tables' caption gives them."""
+    steps = args.epochs * steps_per_epoch
+    return (
+        f"hidden size {args.hidden_size}, {plural(args.num_layers, 'layer')}, "
+        f"{args.epochs} epochs of {steps_per_epoch} batches of {args.batch_size} "
+        f"({steps:,} steps), Adam lr {args.lr:g}, gradient norm clipped at {args.clip:g}, "
+        f"seed {args.seed}"
+    )
+
+
 def environment_note(args: argparse.Namespace) -> str:
     env = environment(args)
+    threads = plural(int(env["threads"]), "thread")
     return (
-        f"`{env['command']}` on {env['machine']} ({env['device']}, {env['threads']} threads), "
+        f"`{env['command']}` on {env['machine']} ({env['device']}, {threads}), "
         f"torch {env['torch']}, lltm {env['lltm']}, Python {env['python']}."
     )
 

@@ -75,9 +75,7 @@ def report(runs: dict[str, common.Run], task: common.Task, args: argparse.Namesp
         for kind, run in runs.items()
     ]
     markdown = (
-        f"Digits, pixel by pixel: hidden size {args.hidden_size}, {args.num_layers} layer(s), "
-        f"{args.epochs} epochs of {task.steps_per_epoch} batches of {args.batch_size}, "
-        f"Adam lr {args.lr:g}, clipping {args.clip:g}, seed {args.seed}; "
+        f"Digits, pixel by pixel: {common.training_summary(args, task.steps_per_epoch)}; "
         f"{task.train_size:,} training and {len(task.test[1])} test images.\n\n"
         + common.markdown_table(header, rows)
     )
@@ -85,7 +83,7 @@ def report(runs: dict[str, common.Run], task: common.Task, args: argparse.Namesp
     common.write_results("digits", args, markdown, data)
 
     plt = common.pyplot()
-    fig, (loss, accuracy) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (loss, accuracy) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     common.plot_history(loss, runs, "loss", "cross-entropy")
     loss.set_yscale("log")
     common.plot_history(accuracy, runs, "accuracy", "accuracy")
