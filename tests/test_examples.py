@@ -14,14 +14,16 @@ import torch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
-# Small enough for a few seconds each, long enough for the loss to fall.
-SHORT = ["--hidden-size", "16", "--epochs", "2", "--lr", "0.02", "--threads", "1"]
+# Small enough for a few seconds each, long enough for the loss to fall well
+# below what a constant output reaches (the LLTM leaves that plateau on the
+# digits in its third epoch).
+SHORT = ["--hidden-size", "16", "--lr", "0.02", "--threads", "1"]
 CASES = {
     "adding_problem": (
-        ["--seq-len", "8", "16", "--steps-per-epoch", "15", "--test-size", "200"],
+        ["--seq-len", "8", "16", "--epochs", "2", "--steps-per-epoch", "15", "--test-size", "200"],
         ["adding_problem_curves.png", "adding_problem_sweep.png"],
     ),
-    "digits": (["--batch-size", "16"], ["digits_curves.png"]),
+    "digits": (["--epochs", "3", "--batch-size", "16"], ["digits_curves.png"]),
 }
 
 
@@ -50,13 +52,14 @@ def test_example_learns_and_reports(examples, tmp_path: Path, name: str) -> None
     argv, plots = CASES[name]
     results = examples(name).main([*argv, *SHORT, "--out-dir", str(tmp_path)])
 
+    epochs = int(argv[argv.index("--epochs") + 1])
     runs = runs_of(results)
     assert sorted({run.model for run in runs}) == ["LLTM", "LSTM"]
     for run in runs:
         before, after = run.history[0], run.history[-1]
-        assert len(run.history) == 3, run.history  # epoch 0 (untrained), 1, 2
-        assert after["test_loss"] < 0.95 * before["test_loss"], (run.model, run.history)
-        assert after["train_loss"] < run.history[1]["train_loss"], (run.model, run.history)
+        assert len(run.history) == epochs + 1, run.history  # epoch 0: untrained
+        assert after["test_loss"] < 0.9 * before["test_loss"], (run.model, run.history)
+        assert after["train_loss"] < 0.9 * run.history[1]["train_loss"], (run.model, run.history)
         # The checkpoint, loaded into a new model, evaluates exactly as trained.
         assert (tmp_path / run.checkpoint).is_file()
         assert run.reloaded == {k: v for k, v in after.items() if k.startswith("test_")}
