@@ -182,9 +182,9 @@ EXAMPLES = ROOT / "examples"
 
 @nox.session(python=PYTHONS[0])
 def examples(session: nox.Session) -> None:
-    """Trains the examples at their full size, one thread (a few minutes on two
-    cores): tables and plots into examples/results/, the tables into
-    examples/README.md. Flags after ``--`` go to both scripts."""
+    """Trains the examples at their full size, one thread (about ten minutes on
+    two cores, the build included): tables and plots into examples/results/,
+    the tables into examples/README.md. Flags after ``--`` go to both scripts."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     session.install(str(wheel), *_group("examples"))
     results = EXAMPLES / "results"
