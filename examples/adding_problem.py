@@ -1,15 +1,16 @@
 """The adding problem: does the LLTM remember as far back as an LSTM?
 
 Hochreiter and Schmidhuber's test of long memory (Long Short-Term Memory,
-1997, experiment 4). Each input is a sequence of T steps with two channels:
-a value drawn uniformly from [0, 1], and a marker that is 1 at two steps (one
-in the first half of the sequence, one in the second) and 0 elsewhere. The
-target is the sum of the two marked values. Predicting the constant 1 gives a
+1997, experiment 4), in the form most later work uses (e.g. Le, Jaitly and
+Hinton, 2015). Each input is a sequence of T steps with two channels: a value
+drawn uniformly from [0, 1], and a marker that is 1 at two steps (one in the
+first half of the sequence, one in the second) and 0 elsewhere. The target is
+the sum of the two marked values. Predicting the constant 1 gives a
 mean squared error of 1/6 (about 0.167), the baseline to beat; a network that
 solves the task has to carry the first value across up to T steps.
 
     python adding_problem.py                            # T = 100
-    python adding_problem.py --seq-len 10 25 50 100 200   # a sweep over T
+    python adding_problem.py --seq-len 10 25 50 100 200 400   # a sweep over T
 
 Each T trains lltm.LLTMSequence and torch.nn.LSTM side by side (see
 common.py) on fresh batches drawn on the fly, and writes the tables
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, common.Run]]:
     task.add_argument("--steps-per-epoch", type=int, default=100, help="batches per epoch")
     task.add_argument("--test-size", type=int, default=1000, help="test sequences")
     args = common.setup(parser, argv)
+    if min(args.seq_len) < 2:
+        parser.error("--seq-len: T must be 2 or more (two steps are marked)")
     results = {t: common.train_side_by_side(adding_task(t, args), args) for t in args.seq_len}
     report(results, args)
     return results

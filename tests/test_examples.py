@@ -75,14 +75,15 @@ def test_example_learns_and_reports(examples, tmp_path: Path, name: str) -> None
 
 
 @pytest.mark.parametrize(
-    "argv, message",
+    "name, argv, message",
     [
-        (["--autocast", "float16", "--device", "cpu"], "--autocast float16 needs --device cuda"),
-        (["--dropout", "0.2"], "--dropout acts between layers"),
+        ("digits", ["--autocast", "float16", "--device", "cpu"], "--autocast float16 needs"),
+        ("digits", ["--dropout", "0.2"], "--dropout acts between layers"),
+        ("adding_problem", ["--seq-len", "100", "1"], "T must be 2 or more"),
     ],
 )
-def test_example_rejects_bad_options(examples, tmp_path, capsys, argv, message) -> None:
+def test_example_rejects_bad_options(examples, tmp_path, capsys, name, argv, message) -> None:
     with pytest.raises(SystemExit) as exit:
-        examples("digits").main([*argv, "--out-dir", str(tmp_path)])
+        examples(name).main([*argv, "--out-dir", str(tmp_path)])
     assert exit.value.code == 2
     assert message in capsys.readouterr().err
