@@ -171,6 +171,45 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "lltm", "bench", *session.posargs)
 
 
+# The examples' full runs: the adding problem swept over these sequence lengths,
+# then the digits; each trains lltm.LLTMSequence and nn.LSTM side by side.
+EXAMPLE_RUNS = {
+    "adding_problem": ["--seq-len", "10", "25", "50", "100", "200", "400"],
+    "digits": [],
+}
+EXAMPLES = ROOT / "examples"
+
+
+@nox.session(python=PYTHONS[0])
+def examples(session: nox.Session) -> None:
+    """Trains the examples at their full size, one thread (about ten minutes on
+    two cores, the build included): tables and plots into examples/results/,
+    the tables into examples/README.md. Flags after ``--`` go to both scripts."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("examples"))
+    results = EXAMPLES / "results"
+    # Paths relative to the root (nox runs there): the tables quote the command.
+    for script, args in EXAMPLE_RUNS.items():
+        session.run(
+            "python", f"examples/{script}.py", *args,
+            "--threads", "1", "--out-dir", "examples/results", *session.posargs,
+        )  # fmt: skip
+    readme = EXAMPLES / "README.md"
+    text = readme.read_text()
+    for script in EXAMPLE_RUNS:
+        text = _splice(text, f"results/{script}.md", (results / f"{script}.md").read_text())
+    readme.write_text(text)
+    session.log(f"{readme.relative_to(ROOT)}: tables updated from {results.relative_to(ROOT)}/")
+
+
+def _splice(text: str, name: str, content: str) -> str:
+    """``text`` with what stands between ``<!-- begin name -->`` and
+    ``<!-- end name -->`` replaced by ``content``."""
+    begin, end = f"<!-- begin {name} -->\n", f"<!-- end {name} -->"
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    return text[:start] + content.strip() + "\n" + text[stop:]
+
+
 @nox.session(python=PYTHONS[0], tags=["tests"])
 def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
