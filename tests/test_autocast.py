@@ -145,13 +145,14 @@ def test_exported_region_matches_eager():
 def test_small_model_learns_under_bfloat16_autocast():
     # The sum of a sequence's values, 12 steps: a few dozen Adam steps under
     # bf16 autocast bring the loss well down, with float32 parameters.
+    # (float32 -> bfloat16 casts and 16-bit CPU products are slow: small sizes.)
     torch.manual_seed(0)
     model = _MixedPrecisionModel()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(1)
     losses = []
-    for _ in range(60):
-        x = torch.rand(32, 12, 4, generator=generator)
+    for _ in range(40):
+        x = torch.rand(16, 12, 4, generator=generator)
         target = x[..., 0].sum(dim=1, keepdim=True) / 6
         loss = torch.nn.functional.mse_loss(model(x), target)
         optimizer.zero_grad()
