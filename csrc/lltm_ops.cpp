@@ -5,7 +5,19 @@
 // autograd formula and the fake (meta) kernels through torch.library.
 #include <torch/csrc/stable/library.h>
 
-STABLE_TORCH_LIBRARY(lltm, m) {
+// The namespace of the schemas: lltm. The test-only host build of the CUDA
+// sources (csrc/cuda/lltm_cuda_runtime.h) compiles this file again with
+// LLTM_OPS_NAMESPACE=lltm_cuda_host: its kernels get the same schemas, still
+// written only here, under a namespace of their own.
+#ifndef LLTM_OPS_NAMESPACE
+#define LLTM_OPS_NAMESPACE lltm
+#endif
+// Two levels, so that LLTM_OPS_NAMESPACE is expanded before torch's macro
+// pastes it into names.
+#define LLTM_LIBRARY_(ns, m) STABLE_TORCH_LIBRARY(ns, m)
+#define LLTM_LIBRARY(m) LLTM_LIBRARY_(LLTM_OPS_NAMESPACE, m)
+
+LLTM_LIBRARY(m) {
   // One LLTM step. `gates` (batch, 3 * state) holds [sigmoid(input gate) |
   // sigmoid(output gate) | the candidate's pre-activation x]: everything
   // backward needs besides the inputs, since the derivatives of sigmoid and

@@ -12,8 +12,6 @@
 //             would cost more than the separate, bandwidth-bound sum).
 // Everything runs on the tensors' device and on torch's current stream there.
 // 16-bit inputs are computed in float32, float64 in double.
-#include <cuda_runtime.h>
-#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -31,6 +29,7 @@
 #include "lltm_cuda_device.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_pointwise.cuh"
+#include "lltm_cuda_runtime.h"
 #include "lltm_cuda_torch_ops.cuh"
 
 namespace lltm::cuda {
@@ -53,7 +52,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor 
                                            Tensor old_cell) {
   const Sizes n = check_forward_args(input, weights, bias, old_h, old_cell);
   // Allocations, GEMMs and kernels all go to the tensors' device.
-  const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
+  const DeviceGuard guard(input.get_device_index());
   Tensor gates = new_matrix(input, n.batch, 3 * n.state);
   // gates = bias + [old_h, input] @ W^T: the pre-activations rounded once,
   // as F.linear rounds them; the pointwise kernel then activates them.
@@ -79,7 +78,7 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
                Tensor old_h, Tensor weights, std::vector<bool> output_mask) {
   const Sizes n = check_backward_args(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
   const GradMask want = check_output_mask(output_mask);
-  const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
+  const DeviceGuard guard(input.get_device_index());
   const Tensor grad_h_c = dense(grad_h);
   const Tensor grad_cell_c = dense(grad_cell);
   const Tensor new_cell_c = dense(new_cell);
@@ -150,7 +149,7 @@ std::string kernel_image_problem(int device) {
 
 }  // namespace lltm::cuda
 
-STABLE_TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
+LLTM_CUDA_KERNELS(m) {
   m.impl("forward", TORCH_BOX(&lltm::cuda::forward));
   m.impl("backward", TORCH_BOX(&lltm::cuda::backward));
 }

@@ -8,7 +8,6 @@
 // state size works with 64-bit offsets.
 #pragma once
 
-#include <cuda_runtime.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <string>
 
 #include "../lltm_errors.h"
+#include "lltm_cuda_runtime.h"
 
 namespace lltm::cuda {
 
@@ -30,12 +30,32 @@ struct alignas(sizeof(T) * kVec) Pack {
 
 template <int kVec, typename T>
 __device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
+  LLTM_CHECK_ALIGNED(p, alignof(Pack<T, kVec>));
   return *reinterpret_cast<const Pack<T, kVec>*>(p);
 }
 
 template <int kVec, typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& pack) {
+  LLTM_CHECK_ALIGNED(p, alignof(Pack<T, kVec>));
   *reinterpret_cast<Pack<T, kVec>*>(p) = pack;
+}
+
+// The grid-stride loops of every pointwise kernel: body(row, j) for each row
+// < rows and each column j < cols where a pack of kVec starts (cols is a
+// multiple of kVec), once over the whole grid, whatever the block and grid
+// shapes row_tiling chose. threadIdx.x runs along a row (coalesced), y
+// across rows; offsets are 64-bit.
+template <int kVec, typename Body>
+__device__ __forceinline__ void for_each_pack(int64_t rows, int64_t cols, const Body& body) {
+  const int64_t row_stride = int64_t(gridDim.y) * blockDim.y;
+  const int64_t col_stride = int64_t(gridDim.x) * blockDim.x * kVec;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < rows;
+       row += row_stride) {
+    for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < cols;
+         j += col_stride) {
+      body(row, j);
+    }
+  }
 }
 
 // Widest pack (16 bytes) that divides every row, when every pointer is
@@ -92,11 +112,9 @@ constexpr int64_t kMaxGridY = 65535;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Block: x covers a row's packs (up to a whole block), y stacks as many rows
-// as fit, so short rows still fill the block. A warp may then span two rows
-// and still read consecutive addresses: (batch, state) rows are contiguous.
 // The device's multiprocessor count, queried once per device: a driver call
-// on every launch costs about as much as a small kernel.
+// on every launch costs about as much as a small kernel. (CPU tensors, in the
+// host build, have device -1: never cached, so tests can change the count.)
 inline int64_t multiprocessor_count(int32_t device_index) {
   constexpr int32_t kCachedDevices = 64;
   static std::atomic<int> cached[kCachedDevices] = {};  // 0: not queried yet
@@ -113,6 +131,10 @@ inline int64_t multiprocessor_count(int32_t device_index) {
   return count;
 }
 
+// Block: x covers a row's packs (up to a whole block), y stacks as many rows
+// as fit, so short rows still fill the block. A warp may then span two rows:
+// in the (batch, state) matrices, which are contiguous, it still reads
+// consecutive addresses; in `gates`, whose rows are 3 * state apart, two runs.
 inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_index) {
   const int64_t max_blocks = multiprocessor_count(device_index) * kMaxBlocksPerMultiprocessor;
 

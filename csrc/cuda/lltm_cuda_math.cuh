@@ -12,6 +12,8 @@
 
 #include <type_traits>
 
+#include "lltm_cuda_runtime.h"
+
 namespace lltm::cuda {
 
 template <typename scalar_t>

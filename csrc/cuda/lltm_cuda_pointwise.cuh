@@ -3,13 +3,13 @@
 // (lltm_cuda_sequence.cu): the device twins of csrc/cpu/lltm_cpu_rows.h.
 #pragma once
 
-#include <cuda_runtime.h>
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
 
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_math.cuh"
+#include "lltm_cuda_runtime.h"
 
 namespace lltm::cuda {
 
@@ -22,29 +22,23 @@ __global__ void forward_kernel(scalar_t* __restrict__ gates, const scalar_t* __r
                                scalar_t* __restrict__ new_h, scalar_t* __restrict__ new_cell,
                                int64_t batch, int64_t state) {
   using P = Pack<scalar_t, kVec>;
-  const int64_t row_stride = int64_t(gridDim.y) * blockDim.y;
-  const int64_t col_stride = int64_t(gridDim.x) * blockDim.x * kVec;
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < batch;
-       row += row_stride) {
+  for_each_pack<kVec>(batch, state, [&](int64_t row, int64_t j) {
     scalar_t* g = gates + row * 3 * state;
-    const int64_t offset = row * state;
-    for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < state;
-         j += col_stride) {
-      P i = load_pack<kVec>(g + j);
-      P o = load_pack<kVec>(g + state + j);
-      const P x = load_pack<kVec>(g + 2 * state + j);
-      const P c0 = load_pack<kVec>(old_cell + offset + j);
-      P h1, c1;
+    const int64_t e = row * state + j;
+    P i = load_pack<kVec>(g + j);
+    P o = load_pack<kVec>(g + state + j);
+    const P x = load_pack<kVec>(g + 2 * state + j);
+    const P c0 = load_pack<kVec>(old_cell + e);
+    P h1, c1;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        forward_element(i.v[k], o.v[k], x.v[k], c0.v[k], h1.v[k], c1.v[k]);
-      }
-      store_pack<kVec>(g + j, i);
-      store_pack<kVec>(g + state + j, o);
-      store_pack<kVec>(new_h + offset + j, h1);
-      store_pack<kVec>(new_cell + offset + j, c1);
+    for (int k = 0; k < kVec; ++k) {
+      forward_element(i.v[k], o.v[k], x.v[k], c0.v[k], h1.v[k], c1.v[k]);
     }
-  }
+    store_pack<kVec>(g + j, i);
+    store_pack<kVec>(g + state + j, o);
+    store_pack<kVec>(new_h + e, h1);
+    store_pack<kVec>(new_cell + e, c1);
+  });
 }
 
 template <typename scalar_t, int kVec>
@@ -55,33 +49,27 @@ __global__ void backward_kernel(const scalar_t* __restrict__ grad_h,
                                 scalar_t* __restrict__ grad_old_cell, int64_t batch,
                                 int64_t state) {
   using P = Pack<scalar_t, kVec>;
-  const int64_t row_stride = int64_t(gridDim.y) * blockDim.y;
-  const int64_t col_stride = int64_t(gridDim.x) * blockDim.x * kVec;
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < batch;
-       row += row_stride) {
+  for_each_pack<kVec>(batch, state, [&](int64_t row, int64_t j) {
     const scalar_t* g = gates + row * 3 * state;
-    scalar_t* dg = d_gates + row * 3 * state;
-    const int64_t offset = row * state;
-    for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < state;
-         j += col_stride) {
-      const P dh = load_pack<kVec>(grad_h + offset + j);
-      const P dc = load_pack<kVec>(grad_cell + offset + j);
-      const P c1 = load_pack<kVec>(new_cell + offset + j);
-      const P i = load_pack<kVec>(g + j);
-      const P o = load_pack<kVec>(g + state + j);
-      const P c = load_pack<kVec>(g + 2 * state + j);
-      P d_i, d_o, d_c, dc0;
+    const int64_t e = row * state + j;
+    const P dh = load_pack<kVec>(grad_h + e);
+    const P dc = load_pack<kVec>(grad_cell + e);
+    const P c1 = load_pack<kVec>(new_cell + e);
+    const P i = load_pack<kVec>(g + j);
+    const P o = load_pack<kVec>(g + state + j);
+    const P x = load_pack<kVec>(g + 2 * state + j);
+    P d_i, d_o, d_c, dc0;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        backward_element(dh.v[k], dc.v[k], c1.v[k], i.v[k], o.v[k], c.v[k], d_i.v[k], d_o.v[k],
-                         d_c.v[k], dc0.v[k]);
-      }
-      store_pack<kVec>(dg + j, d_i);
-      store_pack<kVec>(dg + state + j, d_o);
-      store_pack<kVec>(dg + 2 * state + j, d_c);
-      store_pack<kVec>(grad_old_cell + offset + j, dc0);
+    for (int k = 0; k < kVec; ++k) {
+      backward_element(dh.v[k], dc.v[k], c1.v[k], i.v[k], o.v[k], x.v[k], d_i.v[k], d_o.v[k],
+                       d_c.v[k], dc0.v[k]);
     }
-  }
+    scalar_t* dg = d_gates + row * 3 * state;
+    store_pack<kVec>(dg + j, d_i);
+    store_pack<kVec>(dg + state + j, d_o);
+    store_pack<kVec>(dg + 2 * state + j, d_c);
+    store_pack<kVec>(grad_old_cell + e, dc0);
+  });
 }
 
 // Launch helpers: a launch written inside a THO_DISPATCH_V2 body breaks the
@@ -99,10 +87,11 @@ void forward_pointwise(Tensor& gates, const Tensor& old_cell, Tensor& new_h, Ten
   constexpr int kVec = kWidePack<scalar_t>;
   if (rows_fit_wide_packs<scalar_t>(state, {g, c0, h1, c1})) {
     const RowTiling t = row_tiling(batch, state / kVec, device);
-    forward_kernel<scalar_t, kVec><<<t.grid, t.block, 0, stream>>>(g, c0, h1, c1, batch, state);
+    LLTM_LAUNCH(t.grid, t.block, stream, forward_kernel<scalar_t, kVec>)(g, c0, h1, c1, batch,
+                                                                         state);
   } else {
     const RowTiling t = row_tiling(batch, state, device);
-    forward_kernel<scalar_t, 1><<<t.grid, t.block, 0, stream>>>(g, c0, h1, c1, batch, state);
+    LLTM_LAUNCH(t.grid, t.block, stream, forward_kernel<scalar_t, 1>)(g, c0, h1, c1, batch, state);
   }
   check_launch("lltm forward_kernel");
 }
@@ -123,12 +112,12 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
   constexpr int kVec = kWidePack<scalar_t>;
   if (rows_fit_wide_packs<scalar_t>(state, {dh, dc, c1, g, dg, dc0})) {
     const RowTiling t = row_tiling(batch, state / kVec, device);
-    backward_kernel<scalar_t, kVec>
-        <<<t.grid, t.block, 0, stream>>>(dh, dc, c1, g, dg, dc0, batch, state);
+    LLTM_LAUNCH(t.grid, t.block, stream, backward_kernel<scalar_t, kVec>)(dh, dc, c1, g, dg, dc0,
+                                                                          batch, state);
   } else {
     const RowTiling t = row_tiling(batch, state, device);
-    backward_kernel<scalar_t, 1>
-        <<<t.grid, t.block, 0, stream>>>(dh, dc, c1, g, dg, dc0, batch, state);
+    LLTM_LAUNCH(t.grid, t.block, stream, backward_kernel<scalar_t, 1>)(dh, dc, c1, g, dg, dc0,
+                                                                       batch, state);
   }
   check_launch("lltm backward_kernel");
 }

@@ -12,8 +12,6 @@
 // Everything runs on the tensors' device and torch's current stream, so CUDA
 // graphs capture a whole sequence. Steps run on a running state (step t
 // updates its first batch_sizes[t] rows), as on the CPU.
-#include <cuda_runtime.h>
-#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -31,6 +29,7 @@
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_pointwise.cuh"
+#include "lltm_cuda_runtime.h"
 #include "lltm_cuda_torch_ops.cuh"
 
 namespace lltm::cuda {
@@ -65,7 +64,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     std::optional<Tensor> batch_sizes, bool reverse) {
   const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
-  const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
+  const DeviceGuard guard(input.get_device_index());
   const int64_t S = n.state;
   Tensor output = new_sequence_tensor(input, n, S);
   Tensor gates = new_sequence_tensor(input, n, 3 * S);
@@ -166,24 +165,20 @@ __global__ void sequence_backward_kernel(const scalar_t* __restrict__ grad_h,
                                          scalar_t* __restrict__ d_gates, int64_t rows,
                                          int64_t state) {
   using T = acc_t<scalar_t>;
-  const int64_t row_stride = int64_t(gridDim.y) * blockDim.y;
-  const int64_t col_stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += row_stride) {
+  for_each_pack<1>(rows, state, [&](int64_t r, int64_t j) {
     const scalar_t* g = gates + r * 3 * state;
+    const int64_t e = r * state + j;
+    T dh = T(grad_h[e]);
+    if (grad_output != nullptr) dh += T(grad_output[e]);
     scalar_t* dg = d_gates + r * 3 * state;
-    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < state; j += col_stride) {
-      const int64_t e = r * state + j;
-      T dh = T(grad_h[e]);
-      if (grad_output != nullptr) dh += T(grad_output[e]);
-      T d_i, d_o, d_g, d_c;
-      backward_math<T>(dh, T(grad_cell[e]), T(new_cell[e]), T(g[j]), T(g[state + j]),
-                       T(g[2 * state + j]), d_i, d_o, d_g, d_c);
-      dg[j] = d_i;
-      dg[state + j] = d_o;
-      dg[2 * state + j] = d_g;
-      grad_cell[e] = d_c;
-    }
-  }
+    T d_i, d_o, d_g, d_c;
+    backward_math<T>(dh, T(grad_cell[e]), T(new_cell[e]), T(g[j]), T(g[state + j]),
+                     T(g[2 * state + j]), d_i, d_o, d_g, d_c);
+    dg[j] = d_i;
+    dg[state + j] = d_o;
+    dg[2 * state + j] = d_g;
+    grad_cell[e] = d_c;
+  });
 }
 
 template <typename scalar_t>
@@ -193,7 +188,7 @@ void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tenso
   if (rows == 0 || state == 0) return;
   const int32_t device = gates.get_device_index();
   const RowTiling t = row_tiling(rows, state, device);
-  sequence_backward_kernel<scalar_t><<<t.grid, t.block, 0, current_stream(device)>>>(
+  LLTM_LAUNCH(t.grid, t.block, current_stream(device), sequence_backward_kernel<scalar_t>)(
       grad_h.const_data_ptr<scalar_t>(),
       grad_output ? grad_output->const_data_ptr<scalar_t>() : nullptr,
       grad_cell.mutable_data_ptr<scalar_t>(), new_cell.const_data_ptr<scalar_t>(),
@@ -213,7 +208,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
       grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
   const GradMask want = check_output_mask(output_mask);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
-  const torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
+  const DeviceGuard guard(input.get_device_index());
   const int64_t S = n.state;
   const Tensor gates_rows = as_rows(dense(gates), n, 3 * S);
   const Tensor cells_rows = as_rows(dense(cells), n, S);
@@ -291,7 +286,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
 }  // namespace
 }  // namespace lltm::cuda
 
-STABLE_TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
+LLTM_CUDA_KERNELS(m) {
   m.impl("sequence_forward", TORCH_BOX(&lltm::cuda::sequence_forward));
   m.impl("sequence_backward", TORCH_BOX(&lltm::cuda::sequence_backward));
 }

@@ -1,11 +1,13 @@
 // What the CUDA kernels take from torch besides allocations: GEMMs (cuBLAS
-// behind torch's C shim), on torch's current stream.
+// behind torch's C shim), on torch's current stream. (In the host build,
+// lltm_cuda_runtime.h maps the CUDA GEMM to torch's CPU one.)
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 #include <torch/csrc/stable/tensor.h>
 
 #include "../lltm_errors.h"
+#include "lltm_cuda_runtime.h"
 
 namespace lltm::cuda {
 

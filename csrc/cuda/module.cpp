@@ -4,13 +4,12 @@
 // runtime version and GPU architectures it was compiled for, and tells
 // whether its kernels can run on a given GPU, for lltm's diagnostics and its
 // per-device fallback.
-#include <cuda_runtime_api.h>
-
 #include <exception>
 #include <string>
 
 #include "../python_module.h"
 #include "lltm_cuda_device.h"
+#include "lltm_cuda_runtime.h"
 
 #ifndef LLTM_VERSION
 #error "LLTM_VERSION must be defined by the build (setup.py)"

@@ -1,0 +1,55 @@
+// The CUDA runtime as lltm's CUDA sources see it, and the one place where the
+// two builds of those sources differ.
+//
+// The plugin (setup.py, LLTM_VARIANT=cuda) compiles them with nvcc against
+// the real runtime: kernels run on the GPU and register for the CUDA
+// dispatch key of the lltm namespace.
+//
+// The host build (LLTM_CUDA_HOST, tests/cuda_host.py; test-only, never
+// packaged) compiles the same files with the host C++ compiler against
+// csrc/cuda_host/lltm_cuda_host.h, which runs every block and thread of a
+// grid in turn on the CPU, and registers the kernels for CPU tensors under
+// the test namespace lltm_cuda_host, which declares the very schemas of
+// csrc/lltm_ops.cpp (compiled again with LLTM_OPS_NAMESPACE=lltm_cuda_host).
+#pragma once
+
+#include <torch/csrc/stable/library.h>
+
+#ifdef LLTM_CUDA_HOST
+
+#include "../cuda_host/lltm_cuda_host.h"
+
+#define LLTM_CUDA_DISPATCH_KEY CPU
+// `kernel` (grid, block, stream)(args...): every thread of the grid, in turn.
+#define LLTM_LAUNCH(grid, block, stream, ...) \
+  ::lltm::cuda_host::launch(grid, block, stream, __VA_ARGS__)
+
+#else
+
+#include <cuda_runtime.h>
+#include <torch/csrc/stable/accelerator.h>
+
+#define LLTM_CUDA_DISPATCH_KEY CUDA
+// `kernel` (grid, block, stream)(args...): a launch with no shared memory.
+// The kernel comes last, so that its template arguments may hold commas.
+#define LLTM_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<grid, block, 0, stream>>>
+
+// A misaligned vector access faults on the GPU itself (the host build checks
+// each one).
+#define LLTM_CHECK_ALIGNED(pointer, alignment) ((void)0)
+
+namespace lltm::cuda {
+using DeviceGuard = torch::stable::accelerator::DeviceGuard;
+}  // namespace lltm::cuda
+
+#endif
+
+#ifndef LLTM_OPS_NAMESPACE
+#define LLTM_OPS_NAMESPACE lltm
+#endif
+
+// STABLE_TORCH_LIBRARY_IMPL(lltm, CUDA, m), or in the host build
+// STABLE_TORCH_LIBRARY_IMPL(lltm_cuda_host, CPU, m). Two levels, so that the
+// macros above are expanded before torch's pastes them into names.
+#define LLTM_CUDA_KERNELS_(ns, key, m) STABLE_TORCH_LIBRARY_IMPL(ns, key, m)
+#define LLTM_CUDA_KERNELS(m) LLTM_CUDA_KERNELS_(LLTM_OPS_NAMESPACE, LLTM_CUDA_DISPATCH_KEY, m)
