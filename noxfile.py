@@ -150,6 +150,20 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+def cuda_host(session: nox.Session) -> None:
+    """lltm's CUDA sources built for the host and run on CPU tensors
+    (tests/cuda_host.py): the emulation's own tests (tests/test_cuda_host.py)
+    and the suites that take conftest.py's ``kernels`` fixture, against them.
+    The host build lives in build/cuda_host/ and is never packaged."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("test"))
+    session.run(
+        "pytest", "-m", "cuda_host", "-p", "no:cacheprovider", *session.posargs,
+        env={"LLTM_CUDA_HOST": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHONS[0])
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) and clang-format (check) on csrc/."""
     session.install(*_group("lint"))

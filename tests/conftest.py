@@ -165,6 +165,59 @@ OUTPUT_NAMES = ("new_h", "new_cell")
 GRAD_NAMES = tuple(f"grad_{name}" for name in ARG_NAMES)
 
 
+# --- Which kernels serve the ops on CPU tensors ------------------------------------------
+#
+# A test module that says ``pytestmark = pytest.mark.usefixtures("kernels")``
+# runs each of its tests twice: against lltm's CPU kernels, and against the
+# CUDA sources built for the host (tests/cuda_host.py), which then serve
+# lltm's ops on CPU tensors through every entry point. The second runs in
+# ``nox -s cuda_host`` (``-m cuda_host``) and is skipped, saying so, elsewhere.
+# A test about the CPU kernels alone says ``@pytest.mark.cpu_kernels_only``.
+
+KERNELS = ["cpu", pytest.param("cuda_host", marks=pytest.mark.cuda_host)]
+
+
+@pytest.fixture(scope="module", params=KERNELS)
+def kernels(request: pytest.FixtureRequest):
+    """ "cpu" (lltm's CPU kernels) or "cuda_host" (csrc/cuda built for the
+    host, routed to lltm's ops for the module's tests)."""
+    if request.param == "cpu":
+        yield request.param
+        return
+    import cuda_host
+
+    with cuda_host.routed():
+        yield request.param
+
+
+# torch.compile's inductor backend, as a test parameter: inductor calls lltm's
+# ops as extern kernels, as aot_eager does, so the CUDA sources run under
+# torch.compile in the aot_eager case; inductor's compile (a minute) is spared
+# the host build's session.
+INDUCTOR = pytest.param(
+    "inductor",
+    marks=pytest.mark.cpu_kernels_only(reason="aot_eager runs the kernels under torch.compile"),
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or callspec.params.get("kernels") != "cuda_host":
+            continue
+        marker = item.get_closest_marker("cpu_kernels_only")
+        if marker is not None:
+            reason = marker.kwargs.get("reason", "about lltm's CPU kernels alone")
+            item.add_marker(pytest.mark.skip(reason=f"not a CUDA source: {reason}"))
+        elif os.environ.get("LLTM_CUDA_HOST") != "1":
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="the CUDA sources built for the host run in nox -s cuda_host "
+                    "(LLTM_CUDA_HOST=1 builds and runs them anywhere)"
+                )
+            )
+
+
 @pytest.fixture
 def fresh_dynamo():
     """torch.compile caches and counters cleared before and after a test."""

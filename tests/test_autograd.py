@@ -9,6 +9,7 @@ import torch
 from conftest import (
     ARG_NAMES,
     GRAD_NAMES,
+    INDUCTOR,
     OUTPUT_NAMES,
     assert_all_close,
     make_backward_args,
@@ -19,6 +20,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lltm
 from lltm import reference
+
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
 
 GRADCHECK_SHAPES = [(1, 1, 1), (2, 3, 4), (3, 5, 7), (0, 2, 3)]
 
@@ -293,7 +298,7 @@ def test_backward_op_is_differentiable():
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", INDUCTOR])
 def test_compile_functional_matches_eager(backend):
     compiled = torch.compile(lltm.lltm_cell, backend=backend, fullgraph=True)
     for shape in [(3, 5, 7), (16, 32, 128)]:

@@ -30,6 +30,10 @@ from torch import Tensor
 import lltm
 from lltm import _composite, reference
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
 INF, NAN = math.inf, math.nan
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 # Finite values compared to the same-dtype reference, relative to the
@@ -295,6 +299,7 @@ def test_sequence_nonfinite_pattern_matches_reference(case, layout, dtype, kerne
     platform.machine().lower() not in ("x86_64", "amd64"),
     reason="the AVX2/AVX-512 variants exist on x86-64 only",
 )
+@pytest.mark.cpu_kernels_only(reason="it lowers the CPU kernels' instruction set")
 @pytest.mark.parametrize("isa", ["baseline", "avx2"])
 def test_every_isa_variant(isa: str) -> None:
     """This file again with LLTM_CPU_ISA lowering the kernels' instruction set

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -38,6 +39,10 @@ from torch import Tensor
 
 import lltm
 from lltm import reference
+
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
 
 # --- Profiles ------------------------------------------------------------------------------
 

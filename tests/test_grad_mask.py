@@ -19,6 +19,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import lltm
 from lltm import _composite, reference
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
 SHAPE = (5, 3, 7)
 MASKS = [list(mask) for mask in itertools.product([False, True], repeat=5)]
 

@@ -26,6 +26,11 @@ from conftest import (
 import lltm
 from lltm import _composite, reference
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
+
 B, F, S = 5, 6, 7
 
 

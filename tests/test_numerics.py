@@ -17,6 +17,10 @@ import torch
 import lltm
 from lltm import _backends, _composite, reference
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
 DEVICES = ["cpu"] + (["cuda"] if _backends.cuda_status()[0] else [])
 
 

@@ -29,6 +29,10 @@ from hypothesis import strategies as st
 import lltm
 from lltm import _composite, reference
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
 # (batch, input_features, state_size): unit sizes, odd sizes that leave a tail
 # after any vector width, empty batch, no input features, no state.
 SHAPES = [
@@ -235,12 +239,14 @@ def _accuracy_check(cell, dtype, shape=(16, 32, 128), seed=0):
     )
 
 
+@pytest.mark.cpu_kernels_only(reason="it checks the accuracy check, on a kernel written in Python")
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
 @pytest.mark.parametrize("shape", ACCURACY_SHAPES, ids=_ids)
 def test_accuracy_check_accepts_a_correct_float32_kernel(dtype, shape):
     _accuracy_check(_float32_kernel(), dtype, shape)
 
 
+@pytest.mark.cpu_kernels_only(reason="it checks the accuracy check, on a kernel written in Python")
 @pytest.mark.parametrize(
     ("dtype", "breakage"),
     [

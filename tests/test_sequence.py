@@ -13,12 +13,16 @@ import itertools
 
 import pytest
 import torch
-from conftest import ARG_NAMES, GRAD_NAMES, assert_all_close
+from conftest import ARG_NAMES, GRAD_NAMES, INDUCTOR, assert_all_close
 from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lltm
 from lltm import _composite, reference
+
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 
@@ -626,7 +630,7 @@ def test_module_rejects_bad_state_and_input():
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", INDUCTOR])
 def test_compiled_module_matches_eager(backend):
     module = _module(num_layers=2, bidirectional=True)
     compiled = torch.compile(module, backend=backend, fullgraph=True)

@@ -1,0 +1,153 @@
+"""lltm's CUDA sources, built for the host and run on CPU tensors (tests only).
+
+No machine lltm is built or tested on has a GPU. The kernels under csrc/cuda
+are grid-stride loops with no shared memory, barriers or warp intrinsics,
+and the rest is host code calling torch's C shim, so the same files compiled
+by the host C++ compiler against an emulation of the CUDA runtime
+(csrc/cuda_host/lltm_cuda_host.h: every block and thread of a grid run in
+turn, the GPU's launch limits and alignment rules checked, GEMMs on torch's
+CPU shim) compute what the GPU computes. The library built here registers
+them as ``lltm_cuda_host::forward``, ``backward``, ``sequence_forward`` and
+``sequence_backward`` for CPU tensors, with the schemas of csrc/lltm_ops.cpp
+(compiled again under that namespace), and carries two Python modules: the
+CUDA plugin's own ``_C`` (csrc/cuda/module.cpp) and ``emulation``, the
+controls of the emulated GPU.
+
+:func:`routed` makes lltm's own ops run them: for its duration the CPU
+kernels of ``lltm::forward``, ... are these, registered with the public
+``torch.library`` API over lltm's (the dispatcher keeps the kernel it
+replaced and puts it back when the registration goes). Every entry point
+then reaches the CUDA sources, as on a GPU: ``lltm.lltm_cell`` and the
+modules, autograd, ``torch.compile``, ``torch.library.opcheck``, the fuzzer;
+the tests run unchanged (conftest.py's ``kernels`` fixture).
+
+Built only where ``LLTM_CUDA_HOST=1`` (``nox -s cuda_host`` sets it), into
+build/cuda_host/ of the source tree; never part of a wheel, an sdist's build
+or the conda package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS = ("forward", "backward", "sequence_forward", "sequence_backward")
+NAMESPACE = "lltm_cuda_host"
+ENABLED = os.environ.get("LLTM_CUDA_HOST") == "1"
+WHERE = "nox -s cuda_host (LLTM_CUDA_HOST=1 builds and runs it anywhere)"
+SOURCES = [
+    "csrc/lltm_ops.cpp",
+    "csrc/cuda_host/lltm_cuda.cpp",
+    "csrc/cuda_host/lltm_cuda_sequence.cpp",
+    "csrc/cuda_host/plugin_module.cpp",
+    "csrc/cuda_host/emulation.cpp",
+]
+
+
+def _setup_constant(name: str) -> str:
+    """A string constant of setup.py (the build's one source of them)."""
+    match = re.search(rf'^{name} = "([^"]+)"', (ROOT / "setup.py").read_text(), re.MULTILINE)
+    assert match, f"setup.py defines no {name}"
+    return match.group(1)
+
+
+@cache
+def _build() -> Path:
+    from torch.utils import cpp_extension
+
+    version = re.search(
+        r'__version__ = "([^"]+)"', (ROOT / "src/lltm/_version.py").read_text()
+    ).group(1)
+    build = ROOT / "build" / "cuda_host"
+    build.mkdir(parents=True, exist_ok=True)
+    flags = [
+        "-O2",
+        "-std=c++17",
+        # `#pragma unroll` is nvcc's.
+        "-Wno-unknown-pragmas",
+        "-DLLTM_CUDA_HOST",
+        f"-DLLTM_OPS_NAMESPACE={NAMESPACE}",
+        # The plugin's own rules: the stable ABI of the oldest torch it supports.
+        f"-DTORCH_TARGET_VERSION={_setup_constant('TORCH_TARGET_VERSION')}",
+        f"-DLLTM_VERSION={version}",
+        "-DLLTM_CUDA_ARCHS=host",
+    ]
+    return Path(
+        cpp_extension.load(
+            name=NAMESPACE,
+            sources=[str(ROOT / s) for s in SOURCES],
+            extra_cflags=flags,
+            build_directory=str(build),
+            is_python_module=False,  # loads the library: the ops register
+            verbose=os.environ.get("LLTM_CUDA_HOST_VERBOSE") == "1",
+        )
+    )
+
+
+def _module(name: str, library: Path) -> ModuleType:
+    """The Python module `name` of the library (it holds two)."""
+    loader = importlib.machinery.ExtensionFileLoader(f"{NAMESPACE}.{name}", str(library))
+    spec = importlib.util.spec_from_file_location(loader.name, library, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@cache
+def modules() -> tuple[ModuleType, ModuleType]:
+    """(the plugin's ``_C``, ``emulation``), building the library first;
+    skips the calling test where the host build is not enabled."""
+    if not ENABLED:
+        pytest.skip(f"the CUDA sources built for the host run in {WHERE}")
+    if not (ROOT / "csrc" / "cuda_host").is_dir():
+        pytest.skip("csrc/cuda_host/ is not in this tree: the host build needs the sources")
+    library = _build()
+    # No autograd formula of their own: at the Autograd key they let the call
+    # through, as lltm's backward ops do (src/lltm/ops.py), so that a kernel
+    # sees the same dispatcher state through lltm's ops as on a GPU.
+    autograd = torch.library.Library(NAMESPACE, "IMPL")
+    for op in OPS:
+        autograd.impl(op, torch.library.fallthrough_kernel, "Autograd")
+    _keep.append(autograd)
+    return _module("_C", library), _module("emulation", library)
+
+
+# Registrations that last as long as the process.
+_keep: list[torch.library.Library] = []
+
+
+def emulation() -> ModuleType:
+    return modules()[1]
+
+
+@contextlib.contextmanager
+def routed() -> Iterator[ModuleType]:
+    """lltm's ops on CPU tensors served by the host-built CUDA kernels, until
+    the block ends; yields the emulation module, its GPU as it starts."""
+    emulated = emulation()
+    emulated.reset()
+    library = torch.library.Library("lltm", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            # The dispatcher warns (once) that a kernel is overridden: that is the point.
+            warnings.filterwarnings("ignore", "Warning only once for all operators")
+            for op in OPS:
+                kernel = getattr(getattr(torch.ops, NAMESPACE), op).default
+                library.impl(op, kernel, "CPU")
+        yield emulated
+    finally:
+        # Unregisters the kernels: lltm's CPU kernels serve the ops again.
+        library._destroy()
+        emulated.reset()

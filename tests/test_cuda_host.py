@@ -1,0 +1,221 @@
+"""The CUDA sources built for the host (tests/cuda_host.py): the emulation
+itself, the kernels' index space and launch limits, the CUDA kernels against
+the CPU kernels call for call, and the CUDA plugin's device probe.
+
+That the emulation runs a grid as the GPU would is shown first: every
+(blockIdx, threadIdx) of the GPU's index space once, the launch limits and
+alignment rules of the GPU enforced. Then the grid-stride loops of every
+pointwise kernel (csrc/cuda/lltm_cuda_launch.cuh's for_each_pack, under the
+tiling row_tiling chooses) write each element of a matrix exactly once, for
+many sizes, pack widths and multiprocessor counts. The suites of
+conftest.py's ``kernels`` fixture then hold the kernels to the references.
+
+Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import cuda_host
+import pytest
+import torch
+from conftest import GRAD_NAMES, make_backward_args, make_inputs, rms
+from test_sequence import _backward_args as sequence_backward_args
+from test_sequence import _op_args
+
+import lltm
+
+pytestmark = [
+    pytest.mark.cuda_host,
+    pytest.mark.skipif(
+        not cuda_host.ENABLED,
+        reason=f"the CUDA sources built for the host run in {cuda_host.WHERE}",
+    ),
+]
+
+
+@pytest.fixture
+def emulation():
+    """The emulated GPU, as it starts, for one test (and as it starts after)."""
+    emulated = cuda_host.emulation()
+    emulated.reset()
+    yield emulated
+    emulated.reset()
+
+
+# --- The emulation runs a grid as the GPU does -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("grid", "block"),
+    [((1, 1, 1), (1, 1, 1)), ((3, 1, 1), (5, 1, 1)), ((2, 3, 1), (4, 2, 1)),
+     ((3, 2, 2), (4, 3, 2)), ((1, 65535, 1), (1, 1, 1)), ((2, 1, 1), (1024, 1, 1)),
+     ((1, 1, 1), (8, 8, 16))],
+    ids=str,
+)  # fmt: skip
+def test_grid_index_space_is_the_gpus(emulation, grid, block):
+    seen = emulation.index_space(grid, block)
+    # Every block of the grid, every thread of the block, once: x fastest.
+    expected = [
+        (bx, by, bz, tx, ty, tz)
+        for bz, by, bx in itertools.product(*(range(n) for n in reversed(grid)))
+        for tz, ty, tx in itertools.product(*(range(n) for n in reversed(block)))
+    ]
+    assert [s[:6] for s in seen] == expected
+    # gridDim and blockDim as launched, in every thread.
+    assert {s[6:] for s in seen} == {(*grid, *block)}
+
+
+@pytest.mark.parametrize(
+    ("grid", "block", "why"),
+    [((1, 1, 1), (1025, 1, 1), "1025 threads"), ((1, 1, 1), (32, 33, 1), "1056 threads"),
+     ((1, 1, 1), (1, 1, 65), "block.z 65"), ((1, 65536, 1), (1, 1, 1), "grid.y 65536"),
+     ((1, 1, 65536), (1, 1, 1), "grid.z 65536"), ((0, 1, 1), (1, 1, 1), "empty grid"),
+     ((1, 1, 1), (0, 1, 1), "empty block")],
+    ids=lambda v: v if isinstance(v, str) else "",
+)  # fmt: skip
+def test_launches_the_gpu_refuses_are_refused(emulation, grid, block, why):
+    # As the GPU reports it: a launch error, which the launchers' check turns
+    # into an exception naming the kernel; no thread runs.
+    launches = emulation.launches()
+    with pytest.raises(RuntimeError, match="launching record_thread failed: invalid configuration"):
+        emulation.index_space(grid, block)
+    assert emulation.launches() == launches
+
+
+def test_launches_go_to_torchs_current_stream(emulation):
+    emulation.launch_on_stream(False)
+    with pytest.raises(RuntimeError, match="another stream than torch's current stream"):
+        emulation.launch_on_stream(True)
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["load", "store"])
+@pytest.mark.parametrize("offset", [0, 1, 2, 4, 8, 12, 16])
+def test_vector_accesses_must_be_aligned(emulation, offset, store):
+    if offset % 16 == 0:
+        emulation.vector_access(offset, store)
+    else:
+        with pytest.raises(RuntimeError, match="misaligned address: a 16-byte vector access"):
+            emulation.vector_access(offset, store)
+
+
+# --- The grid-stride loops write every element once ---------------------------------------
+
+# Pack widths: 1 (the scalar path) and the 16-byte packs of each dtype.
+PACKS = {"scalar": 1, "float64": 2, "float32": 4, "16-bit": 8}
+# Rows: one, a few, past one block of rows, past grid.y's 65535; columns: one
+# pack, odd, past one block of packs (256), past the grid's width.
+ROWS = [1, 3, 257, 70_001]
+COLUMN_PACKS = [1, 3, 255, 1_031]
+# A small GPU (one multiprocessor: every thread loops in both directions),
+# a few odd ones, an H100's 132, and more than grid.y holds.
+MULTIPROCESSORS = [1, 3, 7, 132, 4_000]
+
+
+def _cases():
+    cases = []
+    for rows, packs, (pack, vec), sms in itertools.product(
+        ROWS, COLUMN_PACKS, PACKS.items(), MULTIPROCESSORS
+    ):
+        if rows * packs <= 2_000_000:  # seconds, not minutes, of emulation
+            cases.append(
+                pytest.param(rows, packs * vec, vec, sms, id=f"{rows}x{packs * vec}-{pack}-sm{sms}")
+            )
+    return cases
+
+
+@pytest.mark.parametrize(("rows", "cols", "vec", "multiprocessors"), _cases())
+def test_every_element_written_exactly_once(emulation, rows, cols, vec, multiprocessors):
+    emulation.set_multiprocessors(multiprocessors)
+    missing, duplicates, outside, grid, block = emulation.coverage(rows, cols, vec)
+    assert (missing, duplicates, outside) == (0, 0, 0), f"grid {grid}, block {block}"
+    assert grid[1] <= 65535 and block[0] * block[1] * block[2] <= 1024
+
+
+def test_every_element_written_exactly_once_past_32_bit_offsets(emulation):
+    # 65537 x 32768 = 2**31 + 2**15 elements, in 16-bit packs.
+    missing, duplicates, outside, grid, block = emulation.coverage(65_537, 32_768, 8)
+    assert (missing, duplicates, outside) == (0, 0, 0), f"grid {grid}, block {block}"
+
+
+# --- The ops are the CUDA kernels while routed, lltm's CPU kernels after -------------------
+
+
+def test_routing_runs_the_cuda_kernels_and_is_undone():
+    inputs = make_inputs(4, 5, 16)
+    cpu = torch.ops.lltm.forward(*inputs)
+    with cuda_host.routed() as emulated:
+        before = emulated.launches()
+        host = torch.ops.lltm.forward(*inputs)
+        lltm.lltm_sequence(inputs[0][None].expand(3, -1, -1), *inputs[1:])
+        # One pointwise kernel for the cell, one per step for the sequence.
+        assert emulated.launches() == before + 4
+    launches = emulated.launches()
+    after = torch.ops.lltm.forward(*inputs)
+    assert emulated.launches() == launches
+    torch.testing.assert_close(host, cpu, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(after, cpu, rtol=0, atol=0)
+
+
+# --- The CUDA kernels against the CPU kernels, call for call ------------------------------
+#
+# The two differ by design only in where they round:
+# * both sum GEMM products in their own order (cuBLAS or MKL/OpenBLAS, lltm's
+#   packed GEMM for the CPU's sequences), a few units of the dtype's epsilon
+#   times the magnitude of the terms;
+# * float32 and float64 sequences on CUDA compute each step's pre-activations
+#   in two GEMMs (x_t W_x^T + b for all steps at once, then + h W_h^T),
+#   rounding them twice; the CPU's packed kernel rounds once;
+# * 16-bit grad_bias: the CPU sums the float32 gradients in double, CUDA in
+#   float32; both round once.
+# Bound on |cuda - cpu|, relative to each tensor's RMS (at least 1):
+# ROUNDINGS units of the dtype's epsilon, plus one unit of the type the GEMMs
+# sum in (float32 for 16-bit types) per term of the longest sum.
+ROUNDINGS = 8
+DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+
+
+def _assert_rounding_apart(names, cuda, cpu, dtype, terms):
+    eps = torch.finfo(dtype).eps
+    eps_sums = torch.finfo(torch.float32 if dtype.itemsize == 2 else dtype).eps
+    for name, a, e in zip(names, cuda, cpu, strict=True):
+        if a is None or e is None:
+            assert a is None and e is None, name
+            continue
+        scale = max(1.0, rms(e))
+        torch.testing.assert_close(
+            a, e, rtol=ROUNDINGS * eps, atol=(ROUNDINGS * eps + terms * eps_sums) * scale,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )  # fmt: skip
+
+
+def _host_and_cpu(fn):
+    with cuda_host.routed():
+        host = fn()
+    return host, fn()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cell_ops_equal_the_cpu_kernels(dtype):
+    for shape in [(3, 5, 7), (17, 33, 129), (4, 8, 256)]:
+        inputs = make_inputs(*shape, dtype=dtype)
+        host, cpu = _host_and_cpu(lambda inputs=inputs: torch.ops.lltm.forward(*inputs))
+        terms = shape[1] + shape[2]
+        _assert_rounding_apart(("new_h", "new_cell", "gates"), host, cpu, dtype, terms)
+        args = make_backward_args(inputs)
+        host, cpu = _host_and_cpu(lambda args=args: torch.ops.lltm.backward(*args))
+        _assert_rounding_apart(GRAD_NAMES, host, cpu, dtype, max(shape[0], 3 * shape[2]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["padded", "padded_reverse", "packed", "packed_reverse"])
+def test_sequence_ops_equal_the_cpu_kernels(case, dtype):
+    args = _op_args(case, dtype, state=16, features=5)
+    names = ("output", "h_n", "c_n", "gates", "cells")
+    host, cpu = _host_and_cpu(lambda: torch.ops.lltm.sequence_forward(*args))
+    # A recurrence carries each step's rounding into the next: 5 steps.
+    _assert_rounding_apart(names, host, cpu, dtype, 5 * (16 + 5))
+    backward = sequence_backward_args(args, cpu)
+    host, cpu = _host_and_cpu(lambda: torch.ops.lltm.sequence_backward(*backward))
+    _assert_rounding_apart(GRAD_NAMES, host, cpu, dtype, 5 * 3 * 16)
