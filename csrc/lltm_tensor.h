@@ -110,17 +110,37 @@ inline Tensor reshaped_view(const Tensor& t, int64_t rows, int64_t cols, int64_t
   return Tensor(out);
 }
 
+// t's data seen through a new tensor that carries no autograd history: what
+// kernels hand to torch's dispatcher. The backward ops are called in grad
+// mode too (their Autograd kernel is a fallthrough), maybe on gradients that
+// require grad; a dispatcher op reading those would record history, and an
+// output built by it would require grad.
+inline Tensor detached(const Tensor& t) {
+  const int64_t dim = t.dim();
+  std::vector<int64_t> sizes(dim), strides(dim);
+  for (int64_t d = 0; d < dim; ++d) {
+    sizes[d] = t.size(d);
+    strides[d] = t.stride(d);
+  }
+  AtenTensorHandle out = nullptr;
+  LLTM_CHECK_TORCH(
+      aoti_torch__reinterpret_tensor(t.get(), dim, sizes.data(), strides.data(), 0, &out),
+      "making a view of a tensor");
+  return Tensor(out);
+}
+
 // t itself when contiguous, else a contiguous copy: torch::stable::contiguous
 // goes through the dispatcher even when there is nothing to do.
 inline Tensor dense(const Tensor& t) {
   if (t.is_contiguous()) return t;
   return with_torch_message("making a contiguous copy",
-                            [&] { return torch::stable::contiguous(t); });
+                            [&] { return torch::stable::contiguous(detached(t)); });
 }
 
-// dst = src (same shape; any device), on the current stream.
+// dst = src (same shape; any device and dtype), on the current stream. Only
+// values are copied: dst gets no autograd history from src.
 inline void copy_into(Tensor& dst, const Tensor& src) {
-  with_torch_message("copying a tensor", [&] { return torch::stable::copy_(dst, src); });
+  with_torch_message("copying a tensor", [&] { return torch::stable::copy_(dst, detached(src)); });
 }
 
 inline void fill_zeros(Tensor& t) {

@@ -294,6 +294,29 @@ def test_backward_op_is_differentiable():
     assert torch.autograd.gradcheck(call, tensors, check_forward_ad=True)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("case", ["padded", "packed_reverse"])
+def test_sequence_backward_op_outputs_never_require_grad(case, layout):
+    # The same for lltm::sequence_backward, called in grad mode with every
+    # argument requiring grad: a kernel that copies an upstream gradient
+    # through torch's dispatcher (the running gradients start as grad_h_n and
+    # grad_c_n) would hand back gradients with autograd history.
+    inputs, batch_sizes, reverse = _sequence_inputs(case)
+    output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*inputs, batch_sizes, reverse)
+    generator = torch.Generator().manual_seed(5)
+    upstream = [
+        torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in (output, h_n, c_n)
+    ]
+    if layout == "transposed":  # the kernels then make contiguous copies first
+        upstream = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in upstream]
+    saved = (output, gates, cells, inputs[0], inputs[1], inputs[3])
+    args = [t.detach().requires_grad_() for t in (*upstream, *saved)]
+    assert torch.is_grad_enabled()
+    grads = torch.ops.lltm.sequence_backward(*args, batch_sizes, reverse, [True] * 5)
+    assert len(grads) == 5
+    assert not any(g.requires_grad or g.grad_fn is not None for g in grads)
+
+
 # --- torch.compile --------------------------------------------------------------
 
 
