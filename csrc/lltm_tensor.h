@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include "lltm_errors.h"
@@ -43,59 +44,60 @@ Matrix<T> row_of(const Tensor& t) {
   return {static_cast<T*>(t.data_ptr()), 0, t.stride(0)};
 }
 
-// A new contiguous (rows, cols) tensor with the dtype and device of `like`
-// (any device: the allocation goes to that device's allocator).
-inline Tensor new_matrix(const Tensor& like, int64_t rows, int64_t cols) {
-  int32_t dtype = 0, device_type = 0, device_index = 0;
-  LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
+// A new tensor with the given sizes and strides on the device of `like`,
+// with its dtype or `dtype` (a torch C shim dtype code) when given.
+inline Tensor new_strided(const Tensor& like, int64_t dim, const int64_t* sizes,
+                          const int64_t* strides, std::optional<int32_t> dtype = std::nullopt) {
+  int32_t like_dtype = 0, device_type = 0, device_index = 0;
+  LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &like_dtype),
+                   "reading a tensor's dtype and device");
   LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type),
                    "reading a tensor's dtype and device");
   LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index),
                    "reading a tensor's dtype and device");
-  const int64_t sizes[] = {rows, cols};
-  const int64_t strides[] = {cols, 1};
   AtenTensorHandle out = nullptr;
-  LLTM_CHECK_TORCH(
-      aoti_torch_empty_strided(2, sizes, strides, dtype, device_type, device_index, &out),
-      "allocating an output tensor");
+  LLTM_CHECK_TORCH(aoti_torch_empty_strided(dim, sizes, strides, dtype.value_or(like_dtype),
+                                            device_type, device_index, &out),
+                   "allocating an output tensor");
   return Tensor(out);
 }
 
+// A new contiguous (rows, cols) tensor with the dtype and device of `like`
+// (any device: the allocation goes to that device's allocator).
+inline Tensor new_matrix(const Tensor& like, int64_t rows, int64_t cols) {
+  const int64_t sizes[] = {rows, cols};
+  const int64_t strides[] = {cols, 1};
+  return new_strided(like, 2, sizes, strides);
+}
+
+// The same in float32: what 16-bit types are computed in.
+inline Tensor new_float_matrix(const Tensor& like, int64_t rows, int64_t cols) {
+  const int64_t sizes[] = {rows, cols};
+  const int64_t strides[] = {cols, 1};
+  return new_strided(like, 2, sizes, strides, aoti_torch_dtype_float32());
+}
+
 inline Tensor new_vector(const Tensor& like, int64_t size) {
-  int32_t dtype = 0, device_type = 0, device_index = 0;
-  LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type),
-                   "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index),
-                   "reading a tensor's dtype and device");
   const int64_t sizes[] = {size};
   const int64_t strides[] = {1};
-  AtenTensorHandle out = nullptr;
-  LLTM_CHECK_TORCH(
-      aoti_torch_empty_strided(1, sizes, strides, dtype, device_type, device_index, &out),
-      "allocating an output tensor");
-  return Tensor(out);
+  return new_strided(like, 1, sizes, strides);
 }
 
 // A new contiguous tensor of any rank with the dtype and device of `like`.
 inline Tensor new_contiguous(const Tensor& like, std::initializer_list<int64_t> sizes) {
-  int32_t dtype = 0, device_type = 0, device_index = 0;
-  LLTM_CHECK_TORCH(aoti_torch_get_dtype(like.get(), &dtype), "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_type(like.get(), &device_type),
-                   "reading a tensor's dtype and device");
-  LLTM_CHECK_TORCH(aoti_torch_get_device_index(like.get(), &device_index),
-                   "reading a tensor's dtype and device");
   std::vector<int64_t> shape(sizes), strides(shape.size());
   int64_t stride = 1;
   for (size_t d = shape.size(); d-- > 0;) {
     strides[d] = stride;
     stride *= std::max<int64_t>(shape[d], 1);
   }
-  AtenTensorHandle out = nullptr;
-  LLTM_CHECK_TORCH(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()), shape.data(),
-                                            strides.data(), dtype, device_type, device_index, &out),
-                   "allocating an output tensor");
-  return Tensor(out);
+  return new_strided(like, static_cast<int64_t>(shape.size()), shape.data(), strides.data());
+}
+
+inline bool is_16_bit(const Tensor& t) {
+  const auto dtype = t.scalar_type();
+  return dtype == torch::headeronly::ScalarType::Half ||
+         dtype == torch::headeronly::ScalarType::BFloat16;
 }
 
 // A (rows, cols) view of t's storage with the given strides, starting
@@ -147,12 +149,33 @@ inline void fill_zeros(Tensor& t) {
   with_torch_message("zeroing a tensor", [&] { return torch::stable::zero_(t); });
 }
 
+inline void fill_ones(Tensor& t) {
+  with_torch_message("filling a tensor", [&] { return torch::stable::fill_(t, 1.0); });
+}
+
 // The sums of a 2-D tensor's columns.
 inline Tensor column_sums(const Tensor& t) {
   const int64_t rows_dim[] = {0};
   return with_torch_message("summing columns", [&] {
     return torch::stable::sum(t, torch::headeronly::IntHeaderOnlyArrayRef(rows_dim, 1));
   });
+}
+
+// A contiguous tensor's elements as a vector (a view).
+inline Tensor as_vector(const Tensor& contiguous) {
+  const int64_t sizes[] = {contiguous.numel()};
+  const int64_t strides[] = {1};
+  AtenTensorHandle out = nullptr;
+  LLTM_CHECK_TORCH(aoti_torch__reinterpret_tensor(contiguous.get(), 1, sizes, strides, 0, &out),
+                   "making a view of a tensor");
+  return Tensor(out);
+}
+
+// A vector's values rounded to the dtype of `like`, in a new vector.
+inline Tensor rounded_like(const Tensor& vector, const Tensor& like) {
+  Tensor out = new_vector(like, vector.size(0));
+  copy_into(out, vector);
+  return out;
 }
 
 // Columns [first, first + count) of a 2-D tensor, optionally transposed:

@@ -304,3 +304,61 @@ def test_composite_low_precision_close_to_oracle(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_low_precision_forward_worst_case_as_reference(dtype):
     assert_worst_case_as_reference(dtype)
+
+
+# --- 16-bit grad_bias: the sum of the gradients before they are rounded --------------------
+
+
+def _cancelling_upstream(shape, dtype, seed=0):
+    """Upstream gradients whose second half of rows is minus the first plus
+    a little: every column of grad_bias sums large terms that cancel, so a
+    sum of terms already rounded to 16 bits is off by many of its units."""
+    generator = torch.Generator().manual_seed(seed)
+    first = torch.randn(shape[0] // 2, *shape[1:], generator=generator, dtype=torch.float64)
+    little = 0.01 * torch.randn(first.shape, generator=generator, dtype=torch.float64)
+    return torch.cat([first, little - first]).to(dtype)
+
+
+def _units_apart(actual, expected, dtype):
+    """|actual - expected| in units in the last place of `dtype` at expected."""
+    expected = expected.double()
+    ulp = torch.finfo(dtype).eps * torch.exp2(torch.floor(torch.log2(expected.abs())))
+    return ((actual.double() - expected).abs() / ulp.clamp_min(torch.finfo(dtype).tiny)).max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_grad_bias_sums_unrounded_gradients(dtype):
+    # The composite sums the float32 gradients, then rounds once; so must the
+    # kernels (within one unit: float32 sums in another order).
+    batch, features, state = 512, 4, 8
+    x, w, b, h, c = make_inputs(batch // 2, features, state, dtype=dtype)
+    inputs = [torch.cat([t, t]) if t.dim() == 2 and t.shape[0] == batch // 2 else t
+              for t in (x, w, b, h, c)]  # fmt: skip
+    _, new_cell, gates = torch.ops.lltm.forward(*inputs)
+    grad_h, grad_cell = (_cancelling_upstream((batch, state), dtype, seed) for seed in (1, 2))
+    args = (
+        grad_h,
+        grad_cell,
+        new_cell,
+        gates,
+        inputs[0],
+        inputs[3],
+        w,
+        [False, False, True] + [False] * 2,
+    )
+    ours = torch.ops.lltm.backward(*args)[2]
+    composite = _composite.backward(*args)[2]
+    assert _units_apart(ours, composite, dtype) <= 1
+
+    # A sequence of three steps, W_h = 0 so that no step's gradient depends
+    # on how the next one rounded dh.
+    w = w.clone()
+    w[:, :state] = 0
+    sequence = [inputs[0][None].expand(3, -1, -1).contiguous(), w, b, inputs[3], inputs[4]]
+    output, _, _, gates, cells = torch.ops.lltm.sequence_forward(*sequence, None, False)
+    grad_output = torch.stack([_cancelling_upstream((batch, state), dtype, s) for s in (3, 4, 5)])
+    args = (grad_output, None, None, output, gates, cells, sequence[0], w, inputs[3], None, False,
+            [False, False, True, False, False])  # fmt: skip
+    ours = torch.ops.lltm.sequence_backward(*args)[2]
+    composite = _composite.sequence_backward(*args)[2]
+    assert _units_apart(ours, composite, dtype) <= 1

@@ -9,7 +9,9 @@
 //             then the GEMMs for grad_weights, grad_old_h and grad_input, and
 //             a torch sum for grad_bias (the CPU folds that sum into its
 //             pointwise pass; here a column reduction across thread blocks
-//             would cost more than the separate, bandwidth-bound sum).
+//             would cost more than the separate, bandwidth-bound sum). For
+//             16-bit types that sum is over d_gates in float32, before they
+//             are rounded for the GEMMs, as on the CPU.
 // Everything runs on the tensors' device and on torch's current stream there.
 // 16-bit inputs are computed in float32, float64 in double.
 #include <torch/csrc/stable/library.h>
@@ -85,10 +87,14 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
   const Tensor gates_c = dense(gates);
 
   Tensor d_gates = new_matrix(input, n.batch, 3 * n.state);
+  // 16-bit: d_gates in float32 as well, for grad_bias (see store_d_gates).
+  std::optional<Tensor> d_gates_math;
+  if (want.bias && is_16_bit(input)) d_gates_math = new_float_matrix(input, n.batch, 3 * n.state);
   Tensor grad_old_cell = new_matrix(input, n.batch, n.state);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_backward_cuda", AT_WRAP([&] {
                     backward_pointwise<scalar_t>(grad_h_c, grad_cell_c, new_cell_c, gates_c,
-                                                 d_gates, grad_old_cell, n.batch, n.state);
+                                                 d_gates, d_gates_math ? &*d_gates_math : nullptr,
+                                                 grad_old_cell, n.batch, n.state);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                   torch::headeronly::ScalarType::BFloat16);
@@ -105,7 +111,8 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
     addmm_out(w_x, w_x, transposed(d_gates), input, 0.0);
   }
   if (want.bias) {
-    grad_bias = column_sums(d_gates);
+    grad_bias =
+        d_gates_math ? rounded_like(column_sums(*d_gates_math), input) : column_sums(d_gates);
   }
   // grad_[old_h, input] = d_gates @ W, block by block, straight into the
   // outputs, each only when wanted.

@@ -91,21 +91,4 @@ __device__ __forceinline__ void backward_math(T grad_h, T grad_cell, T new_cell,
   grad_old_cell = d_cell;
 }
 
-// Gradients for one column j of one row, in the storage type.
-template <typename scalar_t>
-__device__ __forceinline__ void backward_element(scalar_t grad_h, scalar_t grad_cell,
-                                                 scalar_t new_cell, scalar_t input_gate,
-                                                 scalar_t output_gate, scalar_t candidate,
-                                                 scalar_t& d_input_gate, scalar_t& d_output_gate,
-                                                 scalar_t& d_candidate, scalar_t& grad_old_cell) {
-  using T = acc_t<scalar_t>;
-  T d_i, d_o, d_g, d_c;
-  backward_math<T>(T(grad_h), T(grad_cell), T(new_cell), T(input_gate), T(output_gate),
-                   T(candidate), d_i, d_o, d_g, d_c);
-  d_input_gate = d_i;
-  d_output_gate = d_o;
-  d_candidate = d_g;
-  grad_old_cell = d_c;
-}
-
 }  // namespace lltm::cuda

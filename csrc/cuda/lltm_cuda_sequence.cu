@@ -8,7 +8,8 @@
 //             the gradient of c_prev (in place), then the gradient of h_prev
 //             = d_gates_t @ W_h. After the loop: grad_weights = d_gates^T @
 //             [h_prev, input], grad_input = d_gates @ W_x (one GEMM each) and
-//             grad_bias = a column sum of d_gates.
+//             grad_bias = a column sum of d_gates (16-bit: each step's d_gates
+//             summed in float32 before they are rounded, as on the CPU).
 // Everything runs on the tensors' device and torch's current stream, so CUDA
 // graphs capture a whole sequence. Steps run on a running state (step t
 // updates its first batch_sizes[t] rows), as on the CPU.
@@ -84,8 +85,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   // exactly lltm::forward on step t. In float and double, one GEMM for every
   // step's projection and bias, then per step one more adding h_prev @ W_h^T.
   const auto dtype = input.scalar_type();
-  const bool one_gemm_per_step = dtype == torch::headeronly::ScalarType::Half ||
-                                 dtype == torch::headeronly::ScalarType::BFloat16;
+  const bool one_gemm_per_step = is_16_bit(input);
   std::optional<Tensor> step_input;  // [h_prev, x_t] of a whole step
   if (one_gemm_per_step) {
     step_input = new_matrix(input, n.batch, S + n.features);
@@ -157,12 +157,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
 // d_gates of `rows` rows of one step and the gradient of c_prev, in place in
 // grad_cell. The gradient reaching h_t is grad_h (through h_t's use by the
 // step after) plus grad_output (through output_t; may be null).
+// d_gates_math: see store_d_gates (null: not wanted).
 template <typename scalar_t>
 __global__ void sequence_backward_kernel(const scalar_t* __restrict__ grad_h,
                                          const scalar_t* __restrict__ grad_output,
                                          scalar_t* grad_cell, const scalar_t* __restrict__ new_cell,
                                          const scalar_t* __restrict__ gates,
-                                         scalar_t* __restrict__ d_gates, int64_t rows,
+                                         scalar_t* __restrict__ d_gates,
+                                         acc_t<scalar_t>* __restrict__ d_gates_math, int64_t rows,
                                          int64_t state) {
   using T = acc_t<scalar_t>;
   for_each_pack<1>(rows, state, [&](int64_t r, int64_t j) {
@@ -170,13 +172,11 @@ __global__ void sequence_backward_kernel(const scalar_t* __restrict__ grad_h,
     const int64_t e = r * state + j;
     T dh = T(grad_h[e]);
     if (grad_output != nullptr) dh += T(grad_output[e]);
-    scalar_t* dg = d_gates + r * 3 * state;
-    T d_i, d_o, d_g, d_c;
+    Pack<T, 1> d[3];
+    T d_c;
     backward_math<T>(dh, T(grad_cell[e]), T(new_cell[e]), T(g[j]), T(g[state + j]),
-                     T(g[2 * state + j]), d_i, d_o, d_g, d_c);
-    dg[j] = d_i;
-    dg[state + j] = d_o;
-    dg[2 * state + j] = d_g;
+                     T(g[2 * state + j]), d[0].v[0], d[1].v[0], d[2].v[0], d_c);
+    store_d_gates<scalar_t, 1>(d_gates, d_gates_math, r * 3 * state + j, state, d);
     grad_cell[e] = d_c;
   });
 }
@@ -184,7 +184,8 @@ __global__ void sequence_backward_kernel(const scalar_t* __restrict__ grad_h,
 template <typename scalar_t>
 void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tensor>& grad_output,
                                  Tensor& grad_cell, const Tensor& new_cell, const Tensor& gates,
-                                 Tensor& d_gates, int64_t rows, int64_t state) {
+                                 Tensor& d_gates, std::optional<Tensor>& d_gates_math, int64_t rows,
+                                 int64_t state) {
   if (rows == 0 || state == 0) return;
   const int32_t device = gates.get_device_index();
   const RowTiling t = row_tiling(rows, state, device);
@@ -192,7 +193,8 @@ void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tenso
       grad_h.const_data_ptr<scalar_t>(),
       grad_output ? grad_output->const_data_ptr<scalar_t>() : nullptr,
       grad_cell.mutable_data_ptr<scalar_t>(), new_cell.const_data_ptr<scalar_t>(),
-      gates.const_data_ptr<scalar_t>(), d_gates.mutable_data_ptr<scalar_t>(), rows, state);
+      gates.const_data_ptr<scalar_t>(), d_gates.mutable_data_ptr<scalar_t>(),
+      d_gates_math ? d_gates_math->mutable_data_ptr<acc_t<scalar_t>>() : nullptr, rows, state);
   check_launch("lltm sequence_backward_kernel");
 }
 
@@ -228,6 +230,17 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   }
   Tensor d_gates = new_matrix(input, n.rows, 3 * S);
   const Tensor w_h = column_block(weights, 0, S, false);
+  // 16-bit: each step's d_gates in float32 as well (a step's worth, reused),
+  // added up for grad_bias by a product with a row of ones: bias_sums +=
+  // ones[:size] @ d_gates_math[:size], in float32.
+  std::optional<Tensor> d_gates_math, bias_sums, ones;
+  if (want.bias && is_16_bit(input) && n.rows > 0) {
+    d_gates_math = new_float_matrix(input, n.batch, 3 * S);
+    bias_sums = new_float_matrix(input, 1, 3 * S);
+    fill_zeros(*bias_sums);
+    ones = new_float_matrix(input, 1, n.batch);
+    fill_ones(*ones);
+  }
 
   for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
     const int64_t t = schedule.step(k);
@@ -242,10 +255,14 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cuda", AT_WRAP([&] {
                       sequence_backward_pointwise<scalar_t>(
                           dh, dy, dc, row_block(cells_rows, start, size),
-                          row_block(gates_rows, start, size), dg, size, S);
+                          row_block(gates_rows, start, size), dg, d_gates_math, size, S);
                     }),
                     AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                     torch::headeronly::ScalarType::BFloat16);
+    if (d_gates_math && S > 0) {
+      addmm_out(*bias_sums, *bias_sums, column_block(*ones, 0, size, false),
+                row_block(*d_gates_math, 0, size), 1.0);
+    }
     addmm_out(dh, dh, dg, w_h, 0.0);
   }
 
@@ -271,7 +288,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
   }
   if (want.bias) {
-    grad_bias = column_sums(d_gates);
+    grad_bias = bias_sums ? rounded_like(as_vector(*bias_sums), input) : column_sums(d_gates);
   }
   if (want.input) {
     grad_input = new_sequence_tensor(input, n, n.features);
