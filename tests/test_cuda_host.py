@@ -16,6 +16,10 @@ Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
 from __future__ import annotations
 
 import itertools
+import sys
+import threading
+import time
+import warnings
 
 import cuda_host
 import pytest
@@ -25,6 +29,7 @@ from test_sequence import _backward_args as sequence_backward_args
 from test_sequence import _op_args
 
 import lltm
+from lltm import _backends
 
 pytestmark = [
     pytest.mark.cuda_host,
@@ -219,3 +224,106 @@ def test_sequence_ops_equal_the_cpu_kernels(case, dtype):
     backward = sequence_backward_args(args, cpu)
     host, cpu = _host_and_cpu(lambda: torch.ops.lltm.sequence_backward(*backward))
     _assert_rounding_apart(GRAD_NAMES, host, cpu, dtype, 5 * 3 * 16)
+
+
+# --- The device probe of the CUDA plugin (kernel_image_problem) ---------------------------
+
+
+@pytest.fixture
+def plugin(emulation):
+    """The plugin's _C module of the host build; its probe runs against the
+    emulated GPU (two devices of compute capability 9.0)."""
+    return cuda_host.modules()[0]
+
+
+def test_probe_leaves_the_callers_device_and_contexts_alone(emulation, plugin):
+    # A process working on cuda:1 (a DDP rank) must not get a context on
+    # cuda:0, the device its thread never selected.
+    assert plugin.kernel_image_problem(1) == ""
+    assert emulation.contexts() == (False, True)
+    assert emulation.current_device() == 0
+
+
+def test_probe_names_the_architecture_it_has_no_code_for(emulation, plugin):
+    emulation.set_capability(8, 6)
+    emulation.inject("load", emulation.cudaErrorNoKernelImageForDevice)
+    assert plugin.kernel_image_problem(0) == (
+        "no code for this GPU (sm_86): no kernel image is available for execution on the device"
+    )
+    emulation.inject("load", emulation.cudaErrorUnsupportedPtxVersion)
+    assert plugin.kernel_image_problem(0).startswith("no code for this GPU (sm_86): the provided")
+
+
+def test_probe_ignores_no_failing_capability_query(emulation, plugin):
+    emulation.inject("load", emulation.cudaErrorNoKernelImageForDevice)
+    emulation.inject("attribute", emulation.cudaErrorInvalidValue)
+    problem = plugin.kernel_image_problem(0)
+    assert "compute capability unknown: invalid argument" in problem
+    assert "sm_00" not in problem
+
+
+def test_probe_lets_other_python_threads_run(emulation, plugin):
+    # Creating a context takes a while (here: until this thread lets it go,
+    # which it can only do if the probe released the GIL).
+    emulation.hold_load(True)
+    problems = []
+    thread = threading.Thread(target=lambda: problems.append(plugin.kernel_image_problem(1)))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not emulation.load_state()[0] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    emulation.hold_load(False)
+    thread.join()
+    assert problems == [""]
+    assert emulation.load_state() == (False, False), "the probe held the GIL while it waited"
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [("load", "cudaErrorMemoryAllocation"), ("set_device", "cudaErrorDevicesUnavailable"),
+     ("set_device", "cudaErrorMemoryAllocation")],
+)  # fmt: skip
+def test_probe_that_cannot_tell_raises(emulation, plugin, call, error):
+    emulation.inject(call, getattr(emulation, error))
+    with pytest.raises(RuntimeError, match="cannot tell whether its CUDA kernels run on cuda:1"):
+        plugin.kernel_image_problem(1)
+
+
+@pytest.fixture
+def backends_on_the_host_plugin(plugin, monkeypatch):
+    """lltm's per-device fallback (_backends) talking to the host build's
+    plugin module, with nothing known about any device yet."""
+    monkeypatch.setattr(
+        _backends,
+        "PLUGIN",
+        _backends.PluginStatus(loaded=True, module="lltm_cuda_host", reason="host build", fix=None),
+    )
+    monkeypatch.setitem(sys.modules, "lltm_cuda_host._C", plugin)
+    monkeypatch.setattr(_backends, "_device_problems", {})
+    return _backends
+
+
+def test_transient_probe_errors_are_not_remembered(emulation, backends_on_the_host_plugin):
+    backends = backends_on_the_host_plugin
+    # The context cannot be created now (out of memory): the fused kernels
+    # run (and say so themselves if the device stays unusable); nothing is
+    # remembered, no warning given.
+    emulation.inject("load", emulation.cudaErrorMemoryAllocation)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backends.device_problem(1) == ""
+    assert 1 not in backends._device_problems
+    # Once the device can be probed, its answer holds for the process.
+    emulation.inject("load", 0)
+    assert backends.device_problem(1) == ""
+    assert backends._device_problems == {1: ""}
+
+
+def test_missing_code_is_remembered_and_warned_once(emulation, backends_on_the_host_plugin):
+    backends = backends_on_the_host_plugin
+    emulation.inject("load", emulation.cudaErrorNoKernelImageForDevice)
+    with pytest.warns(RuntimeWarning, match="cannot run on cuda:0: no code for this GPU"):
+        problem = backends.device_problem(0)
+    assert problem.startswith("no code for this GPU (sm_90)")
+    emulation.inject("load", 0)
+    assert backends.device_problem(0) == problem

@@ -23,6 +23,7 @@
 
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -129,29 +130,58 @@ Grads backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, T
           want.old_cell ? std::optional<Tensor>(grad_old_cell) : std::nullopt};
 }
 
+// Errors with which a GPU refuses the kernels' code for as long as the
+// process lives: no code for its architecture, PTX its driver cannot compile.
+// Any other error of the probe may pass (no memory for the context, a
+// device busy in exclusive-process mode).
+bool is_kernel_image_error(cudaError_t error) {
+  return error == cudaErrorNoKernelImageForDevice || error == cudaErrorInvalidKernelImage ||
+         error == cudaErrorInvalidPtx || error == cudaErrorUnsupportedPtxVersion;
+}
+
+// "sm_XY", or why the compute capability could not be read.
+std::string architecture(int device) {
+  int major = 0, minor = 0;
+  cudaError_t error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (error == cudaSuccess) {
+    error = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  }
+  if (error != cudaSuccess) {
+    return std::string("compute capability unknown: ") + cudaGetErrorString(error);
+  }
+  return "sm_" + std::to_string(major) + std::to_string(minor);
+}
+
 }  // namespace
 
 std::string kernel_image_problem(int device) {
-  int current = 0;
-  cudaError_t error = cudaGetDevice(&current);
-  if (error == cudaSuccess) error = cudaSetDevice(device);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("cannot select the device: ") + cudaGetErrorString(error);
-  }
-  // Loads the module's code for this device: fails where there is neither
-  // code for its architecture nor PTX the driver can compile for it.
-  cudaFuncAttributes attributes;
-  error =
-      cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&forward_kernel<float, 1>));
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  cudaSetDevice(current);
-  cudaGetLastError();  // none of this may linger for the next launch
+  // On a thread of its own, so that the caller's current device and its
+  // contexts stay as they are: selecting `device` and then the caller's again
+  // would create a primary context on the caller's device (CUDA >= 12
+  // creates one in cudaSetDevice), half a gigabyte of GPU 0 in a process that
+  // works on another GPU. Loading the code creates `device`'s own context, as
+  // its first use would anyway. A thread's error state ends with it.
+  cudaError_t error = cudaSuccess;
+  std::string where;
+  std::thread([&] {
+    error = cudaSetDevice(device);
+    if (error != cudaSuccess) {
+      where = "cannot select the device";
+      return;
+    }
+    // Loads the module's code for this device: fails where there is neither
+    // code for its architecture nor PTX the driver can compile for it.
+    cudaFuncAttributes attributes;
+    error = cudaFuncGetAttributes(&attributes,
+                                  reinterpret_cast<const void*>(&forward_kernel<float, 1>));
+    if (is_kernel_image_error(error)) where = "no code for this GPU (" + architecture(device) + ")";
+  }).join();
   if (error == cudaSuccess) return "";
-  return "no code for this GPU (sm_" + std::to_string(major) + std::to_string(minor) +
-         "): " + cudaGetErrorString(error);
+  if (error == cudaErrorInvalidDevice || is_kernel_image_error(error)) {
+    return where + ": " + cudaGetErrorString(error);
+  }
+  throw std::runtime_error("lltm: cannot tell whether its CUDA kernels run on cuda:" +
+                           std::to_string(device) + ": " + cudaGetErrorString(error));
 }
 
 }  // namespace lltm::cuda

@@ -20,21 +20,30 @@
 #endif
 
 // kernel_image_problem(device: int) -> str: "" when the kernels can run on
-// that GPU, else why not (see lltm_cuda_device.h).
+// that GPU, else why not; RuntimeError when the probe cannot tell (see
+// lltm_cuda_device.h).
 static PyObject* kernel_image_problem(PyObject* /*module*/, PyObject* args) {
   int device = 0;
   if (!PyArg_ParseTuple(args, "i", &device)) return nullptr;
-  std::string problem;
+  std::string problem, failure;
+  // Creating a context takes a while: other Python threads run meanwhile.
+  Py_BEGIN_ALLOW_THREADS;
   try {
     problem = lltm::cuda::kernel_image_problem(device);
   } catch (const std::exception& error) {
-    problem = error.what();
+    failure = error.what();
+  }
+  Py_END_ALLOW_THREADS;
+  if (!failure.empty()) {
+    PyErr_SetString(PyExc_RuntimeError, failure.c_str());
+    return nullptr;
   }
   return PyUnicode_FromString(problem.c_str());
 }
 
 static PyMethodDef methods[] = {{"kernel_image_problem", kernel_image_problem, METH_VARARGS,
-                                 "Why lltm's CUDA kernels cannot run on the given device, or ''."},
+                                 "Why lltm's CUDA kernels cannot run on the given device, or ''; "
+                                 "RuntimeError where that cannot be told now."},
                                 {nullptr, nullptr, 0, nullptr}};
 
 static bool add_constants(PyObject* module) {

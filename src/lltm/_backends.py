@@ -188,13 +188,20 @@ _device_problems: dict[int, str] = {}
 def device_problem(index: int) -> str:
     """Why the loaded plugin's kernels cannot run on CUDA device `index` (no
     code for its architecture, compiled or as PTX the driver can JIT), or "".
-    Asked of the plugin once per device; creates that device's context."""
+    Asked of the plugin until it can tell, then remembered; creates that
+    device's context (and no other)."""
     known = _device_problems.get(index)
     if known is not None:
         return known
     native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
     probe = getattr(native, "kernel_image_problem", None)
-    problem = probe(index) if probe is not None else ""
+    try:
+        problem = probe(index) if probe is not None else ""
+    except RuntimeError:
+        # The probe could not tell now (no memory for the context, the device
+        # busy): nothing is remembered, and the fused kernels run, reporting
+        # their own error should the device stay unusable.
+        return ""
     with _warn_lock:
         first = index not in _device_problems
         _device_problems[index] = problem
