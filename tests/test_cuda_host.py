@@ -16,6 +16,7 @@ Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
 import threading
 import time
@@ -142,6 +143,21 @@ def test_every_element_written_exactly_once_past_32_bit_offsets(emulation):
     # 65537 x 32768 = 2**31 + 2**15 elements, in 16-bit packs.
     missing, duplicates, outside, grid, block = emulation.coverage(65_537, 32_768, 8)
     assert (missing, duplicates, outside) == (0, 0, 0), f"grid {grid}, block {block}"
+
+
+def test_no_multiprocessor_reported_still_tiles():
+    # A driver that reports no multiprocessor must not divide by zero: in a
+    # process of its own, since an integer division by zero kills it.
+    script = (
+        "import cuda_host; e = cuda_host.emulation(); e.set_multiprocessors(0); "
+        "print(e.coverage(5, 24, 8))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False,
+        cwd=cuda_host.ROOT / "tests",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("(0, 0, 0,"), result.stdout
 
 
 # --- The ops are the CUDA kernels while routed, lltm's CPU kernels after -------------------

@@ -136,7 +136,10 @@ inline int64_t multiprocessor_count(int32_t device_index) {
 // in the (batch, state) matrices, which are contiguous, it still reads
 // consecutive addresses; in `gates`, whose rows are 3 * state apart, two runs.
 inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_index) {
-  const int64_t max_blocks = multiprocessor_count(device_index) * kMaxBlocksPerMultiprocessor;
+  // At least one multiprocessor, whatever the driver says: a grid of 0
+  // blocks would divide by zero below.
+  const int64_t max_blocks =
+      std::max<int64_t>(1, multiprocessor_count(device_index)) * kMaxBlocksPerMultiprocessor;
 
   const int64_t block_x = std::min(kThreadsPerBlock, packs_per_row);
   const int64_t block_y = kThreadsPerBlock / block_x;
