@@ -210,16 +210,6 @@ def test_non_contiguous_and_misaligned_arguments(layout, dtype):
     _assert_close_to_oracle(([t.detach() for t in outputs], list(grads)), inputs)
 
 
-def test_backward_accepts_misaligned_saved_tensors():
-    grad_h, grad_cell, new_cell, gates, input, old_h, weights, mask = _backward_args((5, 3, 16))
-    expected = torch.ops.lltm.backward(
-        grad_h, grad_cell, new_cell, gates, input, old_h, weights, mask
-    )
-    args = [_misaligned(t) for t in (grad_h, grad_cell, new_cell, gates)]
-    actual = torch.ops.lltm.backward(*args, input, old_h, weights, mask)
-    assert_all_close(actual, expected, GRAD_NAMES)
-
-
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
 def test_second_device_while_first_is_current():
     torch.cuda.set_device(0)

@@ -10,6 +10,8 @@ buffers, and float32 rows are read in place.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from conftest import (
@@ -18,18 +20,18 @@ from conftest import (
     GRAD_NAMES,
     OUTPUT_NAMES,
     assert_all_close,
+    make_backward_args,
     make_grad_outputs,
     make_inputs,
     rms,
 )
 
 import lltm
-from lltm import _composite, reference
+from lltm import _backends, _composite, reference
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
 pytestmark = pytest.mark.usefixtures("kernels")
-
 
 B, F, S = 5, 6, 7
 
@@ -219,6 +221,78 @@ def test_backward_op_with_transposed_arguments(dtype):
         torch.testing.assert_close(
             t, e, rtol=4 * eps, atol=4 * eps * scale, msg=lambda m, name=name: f"{name}: {m}"
         )
+
+
+def _offset_copy(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """t's values at a storage offset of `offset` elements (misaligned for the
+    16-byte loads unless offset is a multiple of the vector width)."""
+    buffer = torch.empty(t.numel() + offset + 8, dtype=t.dtype, device=t.device)
+    view = buffer[offset : offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+DEVICES = ["cpu"] + (["cuda"] if _backends.cuda_status()[0] else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_misaligned_arguments_give_the_results_of_aligned_ones(dtype, device, kernels):
+    if device == "cuda" and kernels != "cpu":
+        pytest.skip("on a GPU the CUDA kernels run themselves")
+    inputs = make_inputs(6, 10, 16, dtype=dtype, device=device)
+    vec = 16 // inputs[0].element_size()
+    names = OUTPUT_NAMES + GRAD_NAMES
+
+    def run(offset):
+        # The kernels get the offset copies themselves (a copy made on the
+        # way, as run_cell's leaves are, would be aligned again); autograd
+        # takes the gradients back through them to aligned leaves.
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        x, weights, bias, old_h, old_cell = leaves
+        arranged = [_offset_copy(x, offset), weights, _offset_copy(bias, offset),
+                    _offset_copy(old_h, offset), _offset_copy(old_cell, offset)]  # fmt: skip
+        assert offset % vec == 0 or all(t.data_ptr() % 16 for t in arranged[2:])
+        outputs = lltm.lltm_cell(*arranged)
+        grads = torch.autograd.grad(outputs, leaves, make_grad_outputs(*outputs))
+        return [t.detach() for t in outputs] + list(grads)
+
+    expected = run(0)
+    # Misaligned rows take the pointwise kernels' one-element path, which
+    # computes what the 16-byte one does: bit for bit. grad_weights is the
+    # exception: its GEMMs read old_h and input where they are (the forward
+    # copies both into one aligned matrix; copying them in backward too
+    # would cost every call a copy, to make a test bit-exact), and BLAS
+    # libraries (cuBLAS, MKL) choose their kernels, and with them the order
+    # of the batch's sum, by alignment: it is within that sum's rounding.
+    for offset in (1, vec - 1, vec):
+        for name, a, e in zip(names, run(offset), expected, strict=True):
+            if name == "grad_weights":
+                eps = torch.finfo(dtype).eps
+                tol = dict(rtol=4 * eps, atol=inputs[0].shape[0] * eps * max(1.0, rms(e)))
+            else:
+                tol = dict(rtol=0, atol=0)
+            torch.testing.assert_close(
+                a, e, **tol, msg=lambda m, n=name, o=offset: f"{n}, offset {o}: {m}"
+            )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward_op_accepts_misaligned_saved_tensors(dtype, device, kernels):
+    if device == "cuda" and kernels != "cpu":
+        pytest.skip("on a GPU the CUDA kernels run themselves")
+    args = make_backward_args(make_inputs(5, 3, 16, dtype=dtype, device=device))
+    expected = torch.ops.lltm.backward(*args)
+    vec = 16 // args[0].element_size()
+    # Only the pointwise kernel reads grad_h, grad_cell, new_cell and gates,
+    # each misaligned on its own here: bit for bit.
+    for offset, k in itertools.product((1, vec - 1), range(4)):
+        misaligned = list(args)
+        misaligned[k] = _offset_copy(args[k], offset)
+        assert misaligned[k].data_ptr() % 16
+        actual = torch.ops.lltm.backward(*misaligned)
+        assert_all_close(actual, expected, GRAD_NAMES, rtol=0, atol=0)
 
 
 def _storages(tensors):
