@@ -217,10 +217,13 @@ def _host_and_cpu(fn):
     return host, fn()
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cell_ops_equal_the_cpu_kernels(dtype):
+def test_cell_ops_equal_the_cpu_kernels(dtype, bias):
     for shape in [(3, 5, 7), (17, 33, 129), (4, 8, 256)]:
         inputs = make_inputs(*shape, dtype=dtype)
+        if not bias:
+            inputs[2] = None
         host, cpu = _host_and_cpu(lambda inputs=inputs: torch.ops.lltm.forward(*inputs))
         terms = shape[1] + shape[2]
         _assert_rounding_apart(("new_h", "new_cell", "gates"), host, cpu, dtype, terms)
@@ -229,10 +232,13 @@ def test_cell_ops_equal_the_cpu_kernels(dtype):
         _assert_rounding_apart(GRAD_NAMES, host, cpu, dtype, max(shape[0], 3 * shape[2]))
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", ["padded", "padded_reverse", "packed", "packed_reverse"])
-def test_sequence_ops_equal_the_cpu_kernels(case, dtype):
+def test_sequence_ops_equal_the_cpu_kernels(case, dtype, bias):
     args = _op_args(case, dtype, state=16, features=5)
+    if not bias:
+        args[2] = None
     names = ("output", "h_n", "c_n", "gates", "cells")
     host, cpu = _host_and_cpu(lambda: torch.ops.lltm.sequence_forward(*args))
     # A recurrence carries each step's rounding into the next: 5 steps.

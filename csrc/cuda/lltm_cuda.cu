@@ -51,15 +51,16 @@ Tensor concat_h_x(const Tensor& old_h, const Tensor& input, const Sizes& n) {
   return x;
 }
 
-std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h,
-                                           Tensor old_cell) {
+std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, std::optional<Tensor> bias,
+                                           Tensor old_h, Tensor old_cell) {
   const Sizes n = check_forward_args(input, weights, bias, old_h, old_cell);
   // Allocations, GEMMs and kernels all go to the tensors' device.
   const DeviceGuard guard(input.get_device_index());
   Tensor gates = new_matrix(input, n.batch, 3 * n.state);
-  // gates = bias + [old_h, input] @ W^T: the pre-activations rounded once,
-  // as F.linear rounds them; the pointwise kernel then activates them.
-  addmm_out(gates, bias, concat_h_x(old_h, input, n), transposed(weights), /*beta=*/1.0);
+  // gates = bias + [old_h, input] @ W^T (no bias: None): the
+  // pre-activations rounded once, as F.linear rounds them; the pointwise
+  // kernel then activates them.
+  linear_out(gates, bias, concat_h_x(old_h, input, n), transposed(weights));
 
   // The pointwise kernel reads rows densely.
   const Tensor old_cell_c = dense(old_cell);

@@ -61,7 +61,7 @@ void previous_state_blocks(const Schedule& schedule, int64_t k, const Tensor& st
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
-    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell,
+    Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
     std::optional<Tensor> batch_sizes, bool reverse) {
   const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
@@ -90,7 +90,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   if (one_gemm_per_step) {
     step_input = new_matrix(input, n.batch, S + n.features);
   } else if (n.rows > 0 && S > 0) {
-    addmm_out(gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)), 1.0);
+    linear_out(gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)));
   }
 
   for (int64_t k = 0; k < schedule.steps(); ++k) {
@@ -110,7 +110,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
         copy_into(to, row_block(x, start, size));
       }
       Tensor g = row_block(gates_rows, start, size);
-      addmm_out(g, bias, in, transposed(weights), 1.0);
+      linear_out(g, bias, in, transposed(weights));
     } else {
       previous_state_blocks(schedule, k, output_rows, h0,
                             [&](int64_t first, int64_t count, const Tensor& h_prev) {
