@@ -7,11 +7,11 @@ by the host C++ compiler against an emulation of the CUDA runtime
 (csrc/cuda_host/lltm_cuda_host.h: every block and thread of a grid run in
 turn, the GPU's launch limits and alignment rules checked, GEMMs on torch's
 CPU shim) compute what the GPU computes. The library built here registers
-them as ``lltm_cuda_host::forward``, ``backward``, ``sequence_forward`` and
-``sequence_backward`` for CPU tensors, with the schemas of csrc/lltm_ops.cpp
-(compiled again under that namespace), and carries two Python modules: the
-CUDA plugin's own ``_C`` (csrc/cuda/module.cpp) and ``emulation``, the
-controls of the emulated GPU.
+them as ``lltm_cuda_host::forward``, ``backward``, ``sequence_forward``,
+``sequence_backward`` and ``sequence_gate_grads`` for CPU tensors, with the
+schemas of csrc/lltm_ops.cpp (compiled again under that namespace), and
+carries two Python modules: the CUDA plugin's own ``_C``
+(csrc/cuda/module.cpp) and ``emulation``, the controls of the emulated GPU.
 
 :func:`routed` makes lltm's own ops run them: for its duration the CPU
 kernels of ``lltm::forward``, ... are these, registered with the public
@@ -43,7 +43,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-OPS = ("forward", "backward", "sequence_forward", "sequence_backward")
+OPS = ("forward", "backward", "sequence_forward", "sequence_backward", "sequence_gate_grads")
 NAMESPACE = "lltm_cuda_host"
 ENABLED = os.environ.get("LLTM_CUDA_HOST") == "1"
 WHERE = "nox -s cuda_host (LLTM_CUDA_HOST=1 builds and runs it anywhere)"

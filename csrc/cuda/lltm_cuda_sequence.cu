@@ -1,15 +1,17 @@
-// CUDA implementation of lltm::sequence_forward and lltm::sequence_backward,
-// mirroring csrc/cpu/lltm_cpu_sequence.cpp function for function:
+// CUDA implementation of lltm::sequence_forward, sequence_backward and
+// sequence_gate_grads, mirroring csrc/cpu/lltm_cpu_sequence.cpp function for
+// function:
 //   forward:  gates = b + input @ W_x^T for all steps at once (one GEMM),
 //             then step by step: gates_t += h_prev @ W_h^T (cuBLAS) and the
 //             cell's fused pointwise kernel, writing output_t and cells_t.
 //             (16-bit: one GEMM per step over [h_prev, x_t], as in the cell.)
 //   backward: step by step, last first: one fused kernel for d_gates_t and
 //             the gradient of c_prev (in place), then the gradient of h_prev
-//             = d_gates_t @ W_h. After the loop: grad_weights = d_gates^T @
-//             [h_prev, input], grad_input = d_gates @ W_x (one GEMM each) and
-//             grad_bias = a column sum of d_gates (16-bit: each step's d_gates
-//             summed in float32 before they are rounded, as on the CPU).
+//             = d_gates_t @ W_h (sequence_gate_grads is this alone). After
+//             the loop: grad_weights = d_gates^T @ [h_prev, input],
+//             grad_input = d_gates @ W_x (one GEMM each) and grad_bias = a
+//             column sum of d_gates (16-bit: each step's d_gates summed in
+//             float32 before they are rounded, as on the CPU).
 // Everything runs on the tensors' device and torch's current stream, so CUDA
 // graphs capture a whole sequence. Steps run on a running state (step t
 // updates its first batch_sizes[t] rows), as on the CPU.
@@ -198,6 +200,83 @@ void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tenso
   check_launch("lltm sequence_backward_kernel");
 }
 
+// Backpropagation through time: every step's d_gates (in the layout of
+// `gates`, and as (rows, 3S)), the gradients of old_h and old_cell (the
+// running gradients of the state after the first step run) and, when
+// wanted, grad_bias. Without want_old_h the first step's product with W_h,
+// which only gives grad_old_h, is skipped.
+struct ThroughTime {
+  Tensor d_gates, d_gate_rows, grad_h, grad_c;
+  std::optional<Tensor> grad_bias;
+};
+
+ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedule,
+                                  const std::optional<Tensor>& grad_output,
+                                  const std::optional<Tensor>& grad_h_n,
+                                  const std::optional<Tensor>& grad_c_n, const Tensor& gates,
+                                  const Tensor& cells, const Tensor& input, const Tensor& weights,
+                                  bool want_bias, bool want_old_h) {
+  const int64_t S = n.state;
+  const Tensor gates_rows = as_rows(dense(gates), n, 3 * S);
+  const Tensor cells_rows = as_rows(dense(cells), n, S);
+  std::optional<Tensor> grad_output_rows;
+  if (grad_output.has_value()) {
+    grad_output_rows = as_rows(dense(*grad_output), n, S);
+  }
+  const Tensor d_gates = new_sequence_tensor(input, n, 3 * S);
+  ThroughTime result{d_gates, as_rows(d_gates, n, 3 * S), new_matrix(input, n.batch, S),
+                     new_matrix(input, n.batch, S), std::nullopt};
+  // The running gradients of the state, which end as those of old_h, old_cell.
+  for (auto [from, to] : {std::pair{&grad_h_n, &result.grad_h}, {&grad_c_n, &result.grad_c}}) {
+    if (from->has_value()) {
+      copy_into(*to, **from);
+    } else {
+      fill_zeros(*to);
+    }
+  }
+  const Tensor w_h = column_block(weights, 0, S, false);
+  // 16-bit: each step's d_gates in float32 as well (a step's worth, reused),
+  // added up for grad_bias by a product with a row of ones: bias_sums +=
+  // ones[:size] @ d_gates_math[:size], in float32.
+  std::optional<Tensor> d_gates_math, bias_sums, ones;
+  if (want_bias && is_16_bit(input) && n.rows > 0) {
+    d_gates_math = new_float_matrix(input, n.batch, 3 * S);
+    bias_sums = new_float_matrix(input, 1, 3 * S);
+    fill_zeros(*bias_sums);
+    ones = new_float_matrix(input, 1, n.batch);
+    fill_ones(*ones);
+  }
+
+  for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
+    const int64_t t = schedule.step(k);
+    const int64_t size = schedule.sizes[t];
+    const int64_t start = schedule.starts[t];
+    if (size == 0) continue;
+    Tensor dg = row_block(result.d_gate_rows, start, size);
+    Tensor dh = row_block(result.grad_h, 0, size);
+    Tensor dc = row_block(result.grad_c, 0, size);
+    std::optional<Tensor> dy;
+    if (grad_output_rows) dy = row_block(*grad_output_rows, start, size);
+    THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cuda", AT_WRAP([&] {
+                      sequence_backward_pointwise<scalar_t>(
+                          dh, dy, dc, row_block(cells_rows, start, size),
+                          row_block(gates_rows, start, size), dg, d_gates_math, size, S);
+                    }),
+                    AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                    torch::headeronly::ScalarType::BFloat16);
+    if (d_gates_math && S > 0) {
+      addmm_out(*bias_sums, *bias_sums, column_block(*ones, 0, size, false),
+                row_block(*d_gates_math, 0, size), 1.0);
+    }
+    if (k > 0 || want_old_h) addmm_out(dh, dh, dg, w_h, 0.0);
+  }
+  if (want_bias) {
+    result.grad_bias =
+        bias_sums ? rounded_like(as_vector(*bias_sums), input) : column_sums(result.d_gate_rows);
+  }
+  return result;
+}
+
 using Grads = std::tuple<std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
                          std::optional<Tensor>, std::optional<Tensor>>;
 
@@ -212,61 +291,12 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const DeviceGuard guard(input.get_device_index());
   const int64_t S = n.state;
-  const Tensor gates_rows = as_rows(dense(gates), n, 3 * S);
-  const Tensor cells_rows = as_rows(dense(cells), n, S);
-  std::optional<Tensor> grad_output_rows;
-  if (grad_output.has_value()) {
-    grad_output_rows = as_rows(dense(*grad_output), n, S);
-  }
-  // The running gradients of the state, which end as those of old_h, old_cell.
-  Tensor grad_h = new_matrix(input, n.batch, S);
-  Tensor grad_c = new_matrix(input, n.batch, S);
-  for (auto [from, to] : {std::pair{&grad_h_n, &grad_h}, {&grad_c_n, &grad_c}}) {
-    if (from->has_value()) {
-      copy_into(*to, **from);
-    } else {
-      fill_zeros(*to);
-    }
-  }
-  Tensor d_gates = new_matrix(input, n.rows, 3 * S);
-  const Tensor w_h = column_block(weights, 0, S, false);
-  // 16-bit: each step's d_gates in float32 as well (a step's worth, reused),
-  // added up for grad_bias by a product with a row of ones: bias_sums +=
-  // ones[:size] @ d_gates_math[:size], in float32.
-  std::optional<Tensor> d_gates_math, bias_sums, ones;
-  if (want.bias && is_16_bit(input) && n.rows > 0) {
-    d_gates_math = new_float_matrix(input, n.batch, 3 * S);
-    bias_sums = new_float_matrix(input, 1, 3 * S);
-    fill_zeros(*bias_sums);
-    ones = new_float_matrix(input, 1, n.batch);
-    fill_ones(*ones);
-  }
+  ThroughTime through_time =
+      backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
+                            weights, want.bias, want.old_h);
+  const Tensor& d_gates = through_time.d_gate_rows;
 
-  for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
-    const int64_t t = schedule.step(k);
-    const int64_t size = schedule.sizes[t];
-    const int64_t start = schedule.starts[t];
-    if (size == 0) continue;
-    Tensor dg = row_block(d_gates, start, size);
-    Tensor dh = row_block(grad_h, 0, size);
-    Tensor dc = row_block(grad_c, 0, size);
-    std::optional<Tensor> dy;
-    if (grad_output_rows) dy = row_block(*grad_output_rows, start, size);
-    THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cuda", AT_WRAP([&] {
-                      sequence_backward_pointwise<scalar_t>(
-                          dh, dy, dc, row_block(cells_rows, start, size),
-                          row_block(gates_rows, start, size), dg, d_gates_math, size, S);
-                    }),
-                    AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
-                    torch::headeronly::ScalarType::BFloat16);
-    if (d_gates_math && S > 0) {
-      addmm_out(*bias_sums, *bias_sums, column_block(*ones, 0, size, false),
-                row_block(*d_gates_math, 0, size), 1.0);
-    }
-    addmm_out(dh, dh, dg, w_h, 0.0);
-  }
-
-  std::optional<Tensor> grad_input, grad_weights, grad_bias;
+  std::optional<Tensor> grad_input, grad_weights;
   if (want.weights) {
     // [h_prev, input] of every row, then one GEMM over all steps.
     grad_weights = new_matrix(weights, 3 * S, S + n.features);
@@ -287,17 +317,28 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
     }
     addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
   }
-  if (want.bias) {
-    grad_bias = bias_sums ? rounded_like(as_vector(*bias_sums), input) : column_sums(d_gates);
-  }
   if (want.input) {
     grad_input = new_sequence_tensor(input, n, n.features);
     Tensor rows = as_rows(*grad_input, n, n.features);
     addmm_out(rows, rows, d_gates, column_block(weights, S, n.features, false), 0.0);
   }
-  return {grad_input, grad_weights, grad_bias,
-          want.old_h ? std::optional<Tensor>(grad_h) : std::nullopt,
-          want.old_cell ? std::optional<Tensor>(grad_c) : std::nullopt};
+  return {grad_input, grad_weights, through_time.grad_bias,
+          want.old_h ? std::optional<Tensor>(through_time.grad_h) : std::nullopt,
+          want.old_cell ? std::optional<Tensor>(through_time.grad_c) : std::nullopt};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(
+    std::optional<Tensor> grad_output, std::optional<Tensor> grad_h_n,
+    std::optional<Tensor> grad_c_n, Tensor output, Tensor gates, Tensor cells, Tensor input,
+    Tensor weights, Tensor old_h, std::optional<Tensor> batch_sizes, bool reverse) {
+  const SequenceSizes n = check_sequence_backward_args(
+      grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
+  const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
+  const DeviceGuard guard(input.get_device_index());
+  ThroughTime through_time =
+      backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
+                            weights, /*want_bias=*/false, /*want_old_h=*/true);
+  return {through_time.d_gates, through_time.grad_h, through_time.grad_c};
 }
 
 }  // namespace
@@ -306,4 +347,5 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
 LLTM_CUDA_KERNELS(m) {
   m.impl("sequence_forward", TORCH_BOX(&lltm::cuda::sequence_forward));
   m.impl("sequence_backward", TORCH_BOX(&lltm::cuda::sequence_backward));
+  m.impl("sequence_gate_grads", TORCH_BOX(&lltm::cuda::sequence_gate_grads));
 }
