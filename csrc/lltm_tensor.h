@@ -113,10 +113,11 @@ inline Tensor reshaped_view(const Tensor& t, int64_t rows, int64_t cols, int64_t
 }
 
 // t's data seen through a new tensor that carries no autograd history: what
-// kernels hand to torch's dispatcher. The backward ops are called in grad
-// mode too (their Autograd kernel is a fallthrough), maybe on gradients that
-// require grad; a dispatcher op reading those would record history, and an
-// output built by it would require grad.
+// kernels hand to torch's dispatcher. A kernel can be reached in grad mode
+// with autograd live (through a fallthrough at the Autograd key, or a
+// redispatch to its own key) on tensors that require grad; a dispatcher op
+// reading those would record history, and an output built by it would
+// require grad.
 inline Tensor detached(const Tensor& t) {
   const int64_t dim = t.dim();
   std::vector<int64_t> sizes(dim), strides(dim);

@@ -294,13 +294,21 @@ def test_backward_op_is_differentiable():
     assert torch.autograd.gradcheck(call, tensors, check_forward_ad=True)
 
 
+# The kernels for CPU tensors, reached in grad mode with autograd live: the
+# dispatcher goes straight to the CPU key and nothing turns autograd off on
+# the way, as through a fallthrough at the Autograd key.
+_CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 @pytest.mark.parametrize("case", ["padded", "packed_reverse"])
-def test_sequence_backward_op_outputs_never_require_grad(case, layout):
-    # The same for lltm::sequence_backward, called in grad mode with every
-    # argument requiring grad: a kernel that copies an upstream gradient
-    # through torch's dispatcher (the running gradients start as grad_h_n and
-    # grad_c_n) would hand back gradients with autograd history.
+def test_sequence_backward_kernels_record_no_history(case, layout):
+    # Whatever lltm's Autograd kernels make of a call (they differentiate the
+    # backward operators in their own arguments), the kernels must not record
+    # autograd history themselves: on arguments that all require grad, their
+    # outputs need none. A kernel that copies an upstream gradient through
+    # torch's dispatcher (the running gradients start as grad_h_n and
+    # grad_c_n) records the copy.
     inputs, batch_sizes, reverse = _sequence_inputs(case)
     output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*inputs, batch_sizes, reverse)
     generator = torch.Generator().manual_seed(5)
@@ -312,9 +320,12 @@ def test_sequence_backward_op_outputs_never_require_grad(case, layout):
     saved = (output, gates, cells, inputs[0], inputs[1], inputs[3])
     args = [t.detach().requires_grad_() for t in (*upstream, *saved)]
     assert torch.is_grad_enabled()
-    grads = torch.ops.lltm.sequence_backward(*args, batch_sizes, reverse, [True] * 5)
-    assert len(grads) == 5
-    assert not any(g.requires_grad or g.grad_fn is not None for g in grads)
+    for op, mask in (
+        (torch.ops.lltm.sequence_backward.default, [[True] * 5]),
+        (torch.ops.lltm.sequence_gate_grads.default, []),
+    ):
+        grads = op.redispatch(_CPU_KERNEL, *args, batch_sizes, reverse, *mask)
+        assert not any(g.requires_grad or g.grad_fn is not None for g in grads if g is not None)
 
 
 # --- torch.compile --------------------------------------------------------------
