@@ -17,6 +17,10 @@ from torch.func import functional_call, jvp
 import lltm
 from lltm import reference
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 # Tangents of each argument alone, then of all five.
 WRT = [(i,) for i in range(5)] + [tuple(range(5))]

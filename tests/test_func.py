@@ -13,6 +13,10 @@ from torch.func import functional_call, grad, hessian, jacfwd, jacrev, vjp, vmap
 import lltm
 from lltm import reference
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 ALL = tuple(range(5))
 

@@ -12,6 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lltm
 
+# Each test runs against lltm's CPU kernels and the CUDA sources built for
+# the host (conftest.py's `kernels`).
+pytestmark = pytest.mark.usefixtures("kernels")
+
 # nn.LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
 #         dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None)
 NN_LSTM_ORDER = [
