@@ -131,9 +131,8 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
   }
 }
 
-std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights,
-                                           std::optional<Tensor> bias, Tensor old_h,
-                                           Tensor old_cell) {
+std::tuple<Tensor, Tensor, Tensor> forward(Tensor input, Tensor weights, std::optional<Tensor> bias,
+                                           Tensor old_h, Tensor old_cell) {
   const Sizes n = check_forward_args(input, weights, bias, old_h, old_cell);
   selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
   Tensor gates = new_matrix(input, n.batch, 3 * n.state);

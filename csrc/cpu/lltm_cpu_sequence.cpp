@@ -135,8 +135,8 @@ std::vector<scalar_t> dense_bias(const std::optional<Tensor>& bias, int64_t size
 template <typename scalar_t>
 void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, const Tensor& x,
                             const Tensor& weights, const std::optional<Tensor>& bias,
-                            const Tensor& h0,
-                            const Tensor& c0, Tensor& output, Tensor& gates, Tensor& cells) {
+                            const Tensor& h0, const Tensor& c0, Tensor& output, Tensor& gates,
+                            Tensor& cells) {
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
   scalar_t* out = static_cast<scalar_t*>(output.data_ptr());
