@@ -105,18 +105,24 @@ _within_backward = threading.local()
 
 def _backward_op(op: Any, *args: Any) -> Any:
     """Calls a backward operator from a Function's backward whose result is
-    not differentiated again.
+    not differentiated again: straight to the kernels.
 
-    Under torch.func the transform computing this backward runs it with
-    grad mode on and its inputs requiring grad (so that enclosing transforms
-    see the ops), which would send the call down the differentiable
-    plain-torch path; but no transform encloses this one differentiating
-    (that case never gets here: see _forward_kernel), so the kernels serve,
-    and vmap still applies its rules on the way."""
+    Outside torch.func that is below the autograd key (its Python kernel
+    would cost a dispatcher round trip for nothing). Under torch.func, the
+    transform computing this backward runs it with grad mode on and its
+    inputs requiring grad (so that enclosing transforms see the ops), and
+    that transform's level does not honour the below-autograd guard; no
+    transform encloses this one differentiating (that case never gets here:
+    see _forward_kernel), so the operator's Autograd kernel is told to go to
+    the kernels, and vmap still applies its rules on the way."""
+    functorch = torch._C._are_functorch_transforms_active()
     previous = getattr(_within_backward, "active", False)
-    _within_backward.active = torch._C._are_functorch_transforms_active()
+    _within_backward.active = functorch
     try:
-        return op(*args)
+        if functorch:
+            return op(*args)
+        with below_autograd():
+            return op(*args)
     except RuntimeError as error:
         raise typed(error) from None
     finally:
