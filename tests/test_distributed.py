@@ -3,6 +3,9 @@
 * DistributedDataParallel over gloo, two processes on 127.0.0.1: the same
   parameters as one process on the same global batch (float64, tight).
 * FSDP2 (``torch.distributed.fsdp.fully_shard``), the same way.
+* The workers shut down in an order that cannot deadlock gloo
+  (``_release_before_destroy``), under a deadline: a rank still running after
+  it fails the test with every rank's state and stacks.
 * torch.save / torch.load of a module and of an optimizer's state
   (``weights_only=True``), ``copy.deepcopy``, and anomaly detection.
 """
@@ -10,9 +13,18 @@
 from __future__ import annotations
 
 import copy
+import faulthandler
+import gc
 import io
+import os
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import time
+import weakref
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +38,11 @@ import lltm
 
 FEATURES, STATE, STEPS, GLOBAL_BATCH, WORLD = 3, 5, 4, 8, 2
 TRAINING_STEPS = 3
+# The two workers finish in well under a minute on two busy cores: past this,
+# the test fails with their state and stacks rather than wait for a hung one.
+WORKER_DEADLINE_S = 240
+# A collective whose peer is gone fails after this, not gloo's default 30 min.
+COLLECTIVE_TIMEOUT = timedelta(seconds=120)
 
 
 class Model(nn.Module):
@@ -76,33 +93,77 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, wrapper: str, port: int, out: str) -> None:
+def _train_part(rank: int, wrapper: str) -> tuple[dict[str, Tensor], weakref.ref[nn.Module]]:
+    """Trains ``rank``'s part of the global batch under ``wrapper``. Returns the
+    whole parameters (plain tensors) and a weak reference to the wrapped model,
+    which must be gone before the process group is destroyed."""
+    model = make_model()
+    if wrapper == "ddp":
+        trained: nn.Module = nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for module in (model.sequence, model.cell, model.head):
+            fully_shard(module)
+        trained = fully_shard(model)
+    x, y = global_batch()
+    part = GLOBAL_BATCH // WORLD
+    rows = slice(rank * part, (rank + 1) * part)
+    train(trained, x[:, rows], y[rows])
+    state = {}
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2: a DTensor
+        state[name] = full.detach().clone()
+    return state, weakref.ref(trained)
+
+
+def _release_before_destroy(trained: weakref.ref[nn.Module]) -> None:
+    """What must happen before ``destroy_process_group``, or gloo can deadlock.
+
+    A gloo work launched during backward (DDP's all-reduces, FSDP's
+    reduce-scatters) keeps the thread-local state of the autograd engine, which
+    holds a Python object; gloo's worker thread frees a finished work holding
+    the group's work mutex, and so takes the GIL with that mutex held. The
+    group's destructor takes the mutex and joins that thread, holding the GIL
+    when the last reference goes from Python: the reducer of a DDP wrapper freed
+    after ``destroy_process_group`` (when the worker returns) did that and hung
+    for good. Hence:
+
+    * the wrappers go first, reference cycles included, while the group is
+      still registered: no wrapper holds the last reference;
+    * then a barrier: it is queued only once no gloo thread holds the mutex,
+      completes only after every earlier collective, and while it waits the GIL
+      is free for gloo's threads to finish freeing their works.
+
+    ``destroy_process_group`` then drops the last reference to an idle group
+    (under FSDP2, DTensor's sharding caches keep it, idle, until exit).
+    """
+    gc.collect()
+    if trained() is not None:
+        raise RuntimeError("the wrapped model outlived training: the process group would too")
+    dist.barrier()
+
+
+def _worker(rank: int, wrapper: str, port: int, out: str, stacks_dir: str) -> None:
+    # A crash, or the parent's SIGABRT at its deadline, writes the Python stack
+    # of every thread here (the file stays open for faulthandler).
+    stacks = open(Path(stacks_dir) / f"rank{rank}.txt", "w")  # noqa: SIM115
+    faulthandler.enable(stacks, all_threads=True)
+    torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=COLLECTIVE_TIMEOUT,
     )
     try:
-        torch.set_num_threads(1)
-        model = make_model()
-        if wrapper == "ddp":
-            trained: nn.Module = nn.parallel.DistributedDataParallel(model)
-        else:
-            from torch.distributed.fsdp import fully_shard
-
-            for module in (model.sequence, model.cell, model.head):
-                fully_shard(module)
-            trained = fully_shard(model)
-        x, y = global_batch()
-        part = GLOBAL_BATCH // WORLD
-        rows = slice(rank * part, (rank + 1) * part)
-        train(trained, x[:, rows], y[rows])
-        state = {}
-        for name, p in model.named_parameters():
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2: a DTensor
-            state[name] = full.detach().clone()
-        if rank == 0:
-            torch.save(state, out)
+        state, trained = _train_part(rank, wrapper)
+        _release_before_destroy(trained)
     finally:
         dist.destroy_process_group()
+    if rank == 0:
+        torch.save(state, out)
 
 
 def _single_process() -> dict[str, Tensor]:
@@ -111,9 +172,60 @@ def _single_process() -> dict[str, Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+def _native_stacks(pid: int) -> str:
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        return "(py-spy is not installed)"
+    dump = subprocess.run(
+        [py_spy, "dump", "--native", "--pid", str(pid)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return dump.stdout + dump.stderr
+
+
+def _workers_report(context: mp.ProcessContext, stacks_dir: Path) -> str:
+    """Each rank's state; the stacks of those still running (native ones from
+    py-spy, Python ones from faulthandler), which are then killed; the stacks a
+    crashed rank left."""
+    lines = []
+    running = [p for p in context.processes if p.is_alive()]
+    for rank, process in enumerate(context.processes):
+        state = "still running" if process in running else f"exited with {process.exitcode}"
+        lines.append(f"rank {rank} (pid {process.pid}): {state}")
+    for process in running:
+        lines += [f"--- native stacks of pid {process.pid}:", _native_stacks(process.pid)]
+        os.kill(process.pid, signal.SIGABRT)  # faulthandler writes its Python stacks
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for rank in range(len(context.processes)):
+        stacks = stacks_dir / f"rank{rank}.txt"
+        if stacks.is_file() and stacks.stat().st_size:
+            lines += [f"--- Python stacks of rank {rank}:", stacks.read_text()]
+    return "\n".join(lines)
+
+
 def _distributed(wrapper: str, tmp_path: Path) -> dict[str, Tensor]:
     out = tmp_path / f"{wrapper}.pt"
-    mp.spawn(_worker, args=(wrapper, _free_port(), str(out)), nprocs=WORLD, join=True)
+    args = (wrapper, _free_port(), str(out), str(tmp_path))
+    context = mp.start_processes(_worker, args=args, nprocs=WORLD, join=False)
+    deadline = time.monotonic() + WORKER_DEADLINE_S
+    try:
+        while not context.join(timeout=max(deadline - time.monotonic(), 0)):
+            if time.monotonic() >= deadline:
+                report = _workers_report(context, tmp_path)
+                pytest.fail(f"no result after {WORKER_DEADLINE_S} s:\n{report}", pytrace=False)
+    except mp.ProcessExitedException as error:  # no Python exception: a signal, an exit code
+        pytest.fail(f"{error}\n{_workers_report(context, tmp_path)}", pytrace=False)
+    finally:
+        for process in context.processes:  # never left behind, whatever interrupted the wait
+            if process.is_alive():
+                process.kill()
+                process.join()
     return torch.load(out, weights_only=True)
 
 
