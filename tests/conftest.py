@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # a backward compiled against an older lltm would be reused. Tests compile
     # the code under test, in a cache of their own.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lltm-inductor-")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    error = call.excinfo.value if call.excinfo else None
+    if isinstance(error, subprocess.TimeoutExpired):
+        # A command past its deadline: what it wrote before it was killed.
+        for stream, data in (("stdout", error.stdout), ("stderr", error.stderr)):
+            if data:
+                text = data.decode(errors="replace") if isinstance(data, bytes) else data
+                report.sections.append((f"{stream} of the command until its timeout", text))
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -250,7 +265,11 @@ def undefined_symbols(library: Path) -> list[str]:
     if nm is None:
         pytest.skip("nm (GNU binutils) is not installed: cannot list the library's symbols")
     result = subprocess.run(
-        [nm, "-DC", "--undefined-only", str(library)], capture_output=True, text=True, check=True
+        [nm, "-DC", "--undefined-only", str(library)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     # Lines look like "                 U aoti_torch_get_dim".
     return [line.split(None, 1)[1] for line in result.stdout.splitlines() if line.strip()]

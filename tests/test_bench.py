@@ -394,6 +394,7 @@ def test_command_line_entry_point():
         capture_output=True,
         text=True,
         check=True,
+        timeout=300,
     ).stdout
     assert {r["impl"] for r in json.loads(out)["results"]} == {
         "reference",

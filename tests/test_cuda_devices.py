@@ -131,7 +131,7 @@ def test_gpu_without_code_runs_the_composite_kernels(tmp_path):
     subprocess.run(
         [sys.executable, "setup.py", "build_ext", "--build-lib", str(build), "--build-temp",
          str(tmp_path / "temp")],
-        cwd=ROOT, env=env, check=True, capture_output=True,
+        cwd=ROOT, env=env, check=True, capture_output=True, timeout=1200,
     )  # fmt: skip
     (plugin,) = build.glob("lltm_cuda*/_C*")
     package = tmp_path / "site" / plugin.parent.name

@@ -154,7 +154,7 @@ def test_no_multiprocessor_reported_still_tiles():
     )
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=False,
-        cwd=cuda_host.ROOT / "tests",
+        cwd=cuda_host.ROOT / "tests", timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("(0, 0, 0,"), result.stdout

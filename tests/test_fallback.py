@@ -69,6 +69,9 @@ CPU_TORCH = "2.13.0"  # a CPU-only build: what the CPU wheel is built with
 CUDA_TORCH = "2.14.1"  # a CUDA 13 build, also what the CUDA wheel is built with
 CUDA_MAJOR = "13"
 BUILD_REQUIREMENTS = ["setuptools>=77", "wheel", "ninja"]
+# Deadline of every command run here: the longest, installing a CUDA torch or
+# building the CUDA wheel, takes under two minutes on two cores.
+COMMAND_TIMEOUT_S = 1200
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 
@@ -161,6 +164,7 @@ class Env:
             text=True,
             env={**clean, **(env or {})},
             cwd=cwd or self.path,  # not the source tree: import the installed lltm
+            timeout=COMMAND_TIMEOUT_S,
         )
         assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
         return result.stdout
@@ -202,7 +206,9 @@ def _cached_env(name: str, requirements: list[str], torch_version: str, cuda: st
     if reusable and _torch_is(env.torch_build(), torch_version, cuda):
         return env
     shutil.rmtree(env.path, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(env.path)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", str(env.path)], check=True, timeout=COMMAND_TIMEOUT_S
+    )
     env.pip("install", *requirements)
     build = env.torch_build()
     assert _torch_is(build, torch_version, cuda), (
@@ -235,7 +241,11 @@ def _fresh_env(base: Env, path: Path) -> Env:
     shadow the one torch requires) through a .pth file, and installs into
     itself: tests never change the cached environments, nor see each other's
     installs."""
-    subprocess.run([str(base.python), "-m", "venv", "--without-pip", str(path)], check=True)
+    subprocess.run(
+        [str(base.python), "-m", "venv", "--without-pip", str(path)],
+        check=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
     env = Env(path)
     purelib = env.site_packages()
     (purelib / "lltm_test_base.pth").write_text(f"{base.site_packages()}\n")
@@ -477,6 +487,7 @@ def _run_python(env: Env, code: str) -> subprocess.CompletedProcess:
         check=False,
         env=clean,
         cwd=env.path,
+        timeout=COMMAND_TIMEOUT_S,
     )
 
 

@@ -23,7 +23,11 @@ def test_import_and_version():
 
 def test_info_command_runs():
     out = subprocess.run(
-        [sys.executable, "-m", "lltm", "info"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "lltm", "info"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout
     assert f"lltm {lltm.__version__}" in " ".join(out.split())
     assert "kernel [cpu]" in out and "native" in out
