@@ -28,6 +28,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lltm-inductor-")
 
 
+# Per-test timeout of the slow tests (pytest-timeout; the others get the
+# `timeout` of pyproject.toml): above the longest deadline of a command they run,
+# compute-sanitizer's 3600 s on a GPU (tests/test_cuda_robustness.py). The
+# slowest here, 111 s, is the first of tests/test_fallback.py's: it also creates
+# the cached environments (a CUDA torch).
+SLOW_TEST_TIMEOUT_S = 3900
+
+
+def _time_out_slow_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        return  # without pytest-timeout there is no `timeout` marker
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -216,6 +232,7 @@ INDUCTOR = pytest.param(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _time_out_slow_tests(config, items)
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or callspec.params.get("kernels") != "cuda_host":
