@@ -2,9 +2,9 @@
 
     python benchmarks/render.py data/run.json [more.json ...] [--plot out.png]
 
-One table per file in the bench's own layout (min / median per phase,
-speed-ups of medians against the baseline, and for sequences against
-nn.LSTM), under the exact command that produced it and a title that says
+One table per file in the bench's own layout (min / median per phase timed,
+speed-ups of medians against the baseline, and for sequences and per-sample
+gradients against nn.LSTM), under the exact command that produced it and a title that says
 which case and configuration ran. --plot draws the last file as
 ``lltm bench --plot`` would. This is how benchmarks/RESULTS.md is written from
 benchmarks/data/. Files written before the sequence case and --inputs-grad
@@ -24,7 +24,7 @@ from lltm.bench import report
 
 def markdown(data: dict[str, Any]) -> str:
     results, env = report.from_json(data)
-    header, rows = report.table_rows(results)
+    header, rows = report.table_rows(results, env)
     labels = report.label_columns(header)
     lines = [
         f"`{env['command']}`",

@@ -2,9 +2,10 @@
 
 No timing is asserted: these tests only prove that every output the README
 and benchmarks/RESULTS.md rely on (table, --json, --plot, --sweep, --seq-len,
-benchmarks/render.py) is produced, and that what is timed is what the table
-says: which tensors require grad, the same weights for every LLTM
-implementation, the matrix products of the GEMM floor. torch.compile is left
+--per-sample, benchmarks/render.py) is produced, and that what is timed is
+what the table says: which tensors require grad, the same weights for every
+LLTM implementation, the matrix products of the GEMM floor, per-sample
+gradients that are each sample's own. torch.compile is left
 out (its warm-up alone takes seconds) except in one test marked slow.
 """
 
@@ -20,8 +21,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lltm import bench
-from lltm.bench import cases
+from lltm import bench, reference
+from lltm.bench import cases, cli
 
 # Tiny and quick: two blocks of about a millisecond per implementation and
 # phase, on one thread (a second thread only adds waits on a busy machine).
@@ -31,6 +32,7 @@ FAST = [
 ]
 EAGER = ["--impl", "lltm,lstmcell,gemm"]
 SEQUENCE_IMPLS = ["reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"]
+PER_SAMPLE_IMPLS = ["lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap", "lstm-loop"]
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
@@ -51,15 +53,19 @@ def _rows(report: dict) -> dict[tuple[int | None, str], dict]:
     return {(row["seq_len"], row["impl"]): row for row in report["results"]}
 
 
-def _check_timings(row: dict, comparisons: tuple[str, ...] = ("speedup_vs_reference",)) -> None:
+def _check_timings(
+    row: dict, comparisons: tuple[str, ...] = ("speedup_vs_reference",), kind=cases.CELL
+) -> None:
     assert row["error"] is None
-    for phase in bench.PHASES:
+    # A field for each phase the kind times, and none for the others.
+    assert [phase for phase in bench.PHASES if phase in row] == list(kind.phases)
+    for phase in kind.phases:
         timing = row[phase]
         assert timing["blocks"] == 2
         assert 0 < timing["min_s"] <= timing["median_s"]
         for key in comparisons:
             assert timing[key] > 0
-    if row["impl"] == "gemm":
+    if row["impl"] == "gemm" or not kind.saved_memory:
         assert row["saved_for_backward_bytes"] is None
     else:
         assert row["saved_for_backward_bytes"] >= row["saved_beyond_inputs_bytes"] >= 0
@@ -316,6 +322,116 @@ def test_sequence_with_several_sizes(capsys):
     ]
 
 
+# --- Per-sample gradients --------------------------------------------------------
+
+
+def test_per_sample_runs_every_implementation(capsys):
+    report = _run_json(capsys, "--per-sample", "--seq-len", "2", "--impl", "all")
+    env = report["environment"]
+    assert (env["case"], env["inputs_grad"], env["seq_len"]) == ("per-sample", False, [2])
+    rows = _rows(report)
+    assert list(rows) == [(2, impl) for impl in PER_SAMPLE_IMPLS]
+    for row in rows.values():
+        assert (row["batch"], row["features"], row["state"]) == (2, 3, 4)
+        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstm_vmap"), cases.PER_SAMPLE)
+    assert rows[2, "lltm-loop"]["step"]["speedup_vs_reference"] == pytest.approx(1.0)
+    assert rows[2, "lstm-vmap"]["step"]["speedup_vs_lstm_vmap"] == pytest.approx(1.0)
+
+
+def test_per_sample_defaults():
+    # 32 samples of 50 steps unless -b or --seq-len say otherwise; the other
+    # kinds keep their batch of 16.
+    args = cli.parse(["--per-sample"])
+    assert cli.sizes_of(args) == [cases.Size(32, 32, 128, seq_len=50)]
+    assert args.impl == ["lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"]
+    args = cli.parse(["--per-sample", "-b", "8", "--seq-len", "10,20"])
+    assert cli.sizes_of(args) == [cases.Size(8, 32, 128, t) for t in (10, 20)]
+    assert cli.sizes_of(cli.parse([])) == [cases.Size(16, 32, 128)]
+    assert cli.sizes_of(cli.parse(["--seq-len", "5"])) == [cases.Size(16, 32, 128, 5)]
+
+
+def test_per_sample_table_has_no_columns_it_does_not_measure(capsys):
+    assert bench.main([*FAST, "--per-sample", "--seq-len", "2"]) == 0
+    table = capsys.readouterr().out
+    header = next(line for line in table.splitlines() if "impl" in line)
+    assert "step min / median" in header and "vs nn.LSTM under vmap step" in header
+    for absent in ("forward", "backward", "fwd", "bwd", "saved"):
+        assert absent not in table
+    for impl in PER_SAMPLE_IMPLS[:-1]:
+        assert impl in table
+    assert "lstm-loop" not in table  # opt-in
+
+
+def _per_sample_cases(impls: list[str], dtype: torch.dtype) -> dict[str, cases.PerSampleCase]:
+    size = cases.Size(3, 5, 4, seq_len=4)
+    return {impl: cases.make_case(impl, size, CPU, dtype, kind=cases.PER_SAMPLE) for impl in impls}
+
+
+def test_per_sample_gradients_are_each_samples_own():
+    per_impl = _per_sample_cases(PER_SAMPLE_IMPLS[:3], torch.float64)
+    x, target = per_impl["lltm-loop"].samples
+    assert x.shape == (3, 4, 5) and target.shape == (3, 4, 4)
+    for case in per_impl.values():  # the same samples for all
+        assert all(torch.equal(a, b) for a, b in zip(case.samples, (x, target), strict=True))
+    grads = {impl: case.gradients() for impl, case in per_impl.items()}
+    loop = grads["lltm-loop"]
+    assert {name: g.shape for name, g in loop.items()} == {"weights": (3, 12, 9), "bias": (3, 12)}
+    # Sample 1's gradients, from the tutorial's cell stepped by hand with the
+    # weights the bench gave every LLTM implementation.
+    cell = reference.LLTM(5, 4).double()
+    cell.load_state_dict(per_impl["lltm-loop"].module.state_dict())
+    h = c = torch.zeros(1, 4, dtype=torch.float64)
+    outputs = []
+    for step in x[1]:
+        h, c = cell(step[None], (h, c))
+        outputs.append(h)
+    loss = torch.nn.functional.mse_loss(torch.cat(outputs), target[1])
+    expected = torch.autograd.grad(loss, [cell.weights, cell.bias])
+    for name, e in zip(("weights", "bias"), expected, strict=True):
+        torch.testing.assert_close(loop[name][1], e)
+        # Each sample's own: no two alike.
+        assert not torch.allclose(loop[name][0], loop[name][1])
+        torch.testing.assert_close(grads["lltm-vmap"][name], loop[name])
+        # The batched floor computes the gradient of the mean loss instead.
+        torch.testing.assert_close(grads["lltm-batched"][name], loop[name].mean(0))
+
+
+def test_per_sample_gradients_of_nn_lstm():
+    # float32: torch 2.13's CPU LSTM runs under vmap(grad) only through
+    # oneDNN (its other path fails there: lstm-vmap then reports an error).
+    per_impl = _per_sample_cases(["lstm-loop", "lstm-vmap"], torch.float32)
+    loop, vmapped = (case.gradients() for case in per_impl.values())
+    assert len(loop) == 4 and all(g.shape[0] == 3 for g in loop.values())
+    for name, g in loop.items():
+        torch.testing.assert_close(vmapped[name], g)
+
+
+def test_per_sample_plot_and_render(render, tmp_path, saved_figures, capsys):
+    data, plot = tmp_path / "per_sample.json", tmp_path / "per_sample.png"
+    argv = [*FAST, "--per-sample", "--seq-len", "2,3", "-q", "--json", str(data)]
+    assert bench.main([*argv, "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Time, speed-up against lltm-loop and against nn.LSTM under vmap, each
+    # against the sequence length; speed-ups of the step only.
+    [figure] = saved_figures
+    panels = _panels(figure)
+    assert len(panels) == 3
+    for xlabel, ticks, _ in panels:
+        assert xlabel == "sequence length T (at 2x3x4)" and ticks == ["2", "3"]
+    drawn = [{label for label in lines if not label.startswith("_")} for _, _, lines in panels]
+    assert drawn[0] == set(PER_SAMPLE_IMPLS[:-1])
+    assert drawn[1] == {"lltm-vmap step", "lltm-batched step", "lstm-vmap step"}
+    assert drawn[2] == {"lltm-loop step", "lltm-vmap step", "lltm-batched step"}
+    assert render.main([str(data)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "per-sample gradients of the parameters" in lines[2]
+    assert (
+        "| size | T | impl | step min / median | speed-up step | vs nn.LSTM under vmap step |"
+        in lines
+    )
+    assert sum(line.startswith("| 2x3x4 | 3 |") for line in lines) == 4
+
+
 # --- The GEMM floor --------------------------------------------------------------
 
 
@@ -368,8 +484,10 @@ def test_gemm_floor_of_a_sequence(inputs_grad):
         (["--seq-len", "0"], "sequence lengths of at least 1"),
         (["--seq-len", "x"], "sequence lengths of at least 1"),
         (["--seq-len", ""], "sequence lengths of at least 1"),
+        (["--per-sample", "--impl", "lstm"], "no per-sample implementation lstm"),
+        (["--per-sample", "--inputs-grad"], "per-sample gradients are those of the parameters"),
     ],
-    ids=["impl", "impl-case", "impl-sequence", "sizes", "sizes-4", "dtype", "runs", "seq-0", "seq-x", "seq-empty"],
+    ids=["impl", "impl-case", "impl-sequence", "sizes", "sizes-4", "dtype", "runs", "seq-0", "seq-x", "seq-empty", "impl-per-sample", "per-sample-inputs-grad"],
 )  # fmt: skip
 def test_bad_arguments_exit_with_a_message(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -378,12 +496,15 @@ def test_bad_arguments_exit_with_a_message(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_help_describes_both_cases(capsys):
+def test_help_describes_every_kind(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for word in ("--seq-len", "--inputs-grad", "reference-loop", "lltm-sequence", "lstmcell"):
+    for word in (
+        *("--seq-len", "--inputs-grad", "--per-sample"),
+        *("reference-loop", "lltm-sequence", "lstmcell", "lltm-vmap", "lstm-vmap"),
+    ):
         assert word in text
 
 
@@ -438,13 +559,21 @@ def test_render_a_sequence_run(render, tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_json_round_trip(capsys):
-    report = _run_json(capsys, "--seq-len", "2", "--impl", "lltm-sequence")
+@pytest.mark.parametrize(
+    ("args", "kind"),
+    [
+        (["--seq-len", "2", "--impl", "lltm-sequence"], cases.SEQUENCE),
+        (["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"], cases.PER_SAMPLE),
+    ],
+    ids=["sequence", "per-sample"],
+)
+def test_json_round_trip(args, kind, capsys):
+    report = _run_json(capsys, *args)
     results, env = bench.from_json(report)
     again = bench.to_json(results, env)
     assert again["environment"] == env == report["environment"]
     for old, new in zip(report["results"], again["results"], strict=True):
-        for phase in bench.PHASES:  # all but the number of blocks, which is not kept
+        for phase in kind.phases:  # all but the number of blocks, which is not kept
             del old[phase]["blocks"], new[phase]["blocks"]
         assert new == old
 

@@ -35,6 +35,25 @@ Sequence (--seq-len T[,T...]): T steps, output, (h_n, c_n) = rnn(input,
                   --inputs-grad), the weight gradient (3S, T*B) x (T*B, S+F)
                   and, with --inputs-grad, (T*B, 3S) x (3S, F)
 
+Per-sample gradients (--per-sample): the gradients of the parameters for
+each of -b samples (default 32) apart. A sample is one sequence of --seq-len
+steps (default 50), (T, features), started from the zero state; its loss is
+the mean squared error of its output against a random target:
+
+  lltm-loop       a Python loop over the samples with lltm.LLTMSequence,
+                  one forward and torch.autograd.grad per sample (each
+                  sample's gradients kept as returned, not stacked): the
+                  baseline
+  lltm-vmap       torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+                  over torch.func.functional_call of lltm.LLTMSequence:
+                  parameters shared, samples and targets batched
+  lltm-batched    not per-sample: one forward and backward of the whole batch,
+                  the gradient of the mean loss; the floor a per-sample method
+                  can approach
+  lstm-vmap       the same vmap(grad(loss)) over torch.nn.LSTM(features,
+                  state), which vmap can only run one sample at a time
+  lstm-loop       the loop of lltm-loop over torch.nn.LSTM
+
 Configuration: as in the tutorial's benchmark, the inputs come from
 torch.randn and only the parameters require grad. With --inputs-grad the
 inputs require grad too (input, h and c; input, h_0 and c_0), as in a
@@ -44,16 +63,18 @@ backward phases compute their gradients as well.
 Phases: forward (recording the autograd graph), backward (from a retained
 graph, the gradients of new_h.sum() + new_cell.sum(), or of output.sum() +
 h_n.sum() + c_n.sum() for sequences, with respect to every tensor that
-requires grad) and step (both, on a fresh graph each time). Each measurement
-is a block of calls timed by torch.utils.benchmark (warm-up, GPU
-synchronisation); the implementations take turns block by block so that
+requires grad) and step (both, on a fresh graph each time); per-sample
+gradients have only the step. Each measurement is a block of calls timed by
+torch.utils.benchmark (warm-up, GPU synchronisation); the implementations take turns block by block so that
 machine noise hits them alike. The table gives min / median over blocks, and
 speed-ups of medians against the baseline; for sequences also against
-nn.LSTM (its median over ours: above 1 is faster than nn.LSTM).
+nn.LSTM (its median over ours: above 1 is faster than nn.LSTM), for per-sample
+gradients against nn.LSTM under vmap.
 
-Memory: bytes of the distinct storages that one forward's autograd graph keeps
-for backward (torch.autograd.graph.saved_tensors_hooks), in all and beyond the
-inputs and parameters themselves.
+Memory (cells and sequences): bytes of the distinct storages that one
+forward's autograd graph keeps for backward
+(torch.autograd.graph.saved_tensors_hooks), in all and beyond the inputs and
+parameters themselves.
 
 Extras (pip install 'lltm[bench]'): rich for the table and progress bar,
 matplotlib for --plot.
@@ -61,13 +82,15 @@ matplotlib for --plot.
 
 from __future__ import annotations
 
-from .cases import CELL, PHASES, SEQUENCE, Case, Kind, Size, make_case
+from .cases import CELL, KINDS, PER_SAMPLE, PHASES, SEQUENCE, Case, Kind, Size, make_case
 from .cli import main, parser, run
 from .report import from_json, to_json
 from .timing import Result, measure
 
 __all__ = [
     "CELL",
+    "KINDS",
+    "PER_SAMPLE",
     "PHASES",
     "SEQUENCE",
     "Case",

@@ -1,9 +1,13 @@
 """What is timed: one implementation at one size, as a callable per phase.
 
-Two kinds of case share everything but how they are built:
+Three kinds of case share everything but how they are built:
 
 * cell: one step, ``new_h, new_cell = rnn(input, (old_h, old_cell))``;
-* sequence: ``seq_len`` steps, ``output, (h_n, c_n) = rnn(input, (h_0, c_0))``.
+* sequence: ``seq_len`` steps, ``output, (h_n, c_n) = rnn(input, (h_0, c_0))``;
+* per-sample: the gradients of the parameters for each of ``batch`` samples
+  (one sequence each) apart, as differentially private training and
+  per-example gradient statistics need them. Only the ``step`` phase: there
+  is no forward to time apart from the backward.
 
 Every LLTM implementation of a case gets the same weights (those of one
 :class:`lltm.reference.LLTM`) and the same inputs. Which tensors require grad
@@ -16,7 +20,8 @@ tensors that require grad, as ``.backward()`` would.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -64,6 +69,12 @@ class Kind:
     """Speed-ups are against this implementation; it always runs."""
     rival: str | None = None
     """A second comparison column (the stock torch module), if any."""
+    phases: tuple[str, ...] = PHASES
+    """The phases timed, a subset of PHASES in its order."""
+    saved_memory: bool = True
+    """Whether the bytes one forward saves for backward are measured."""
+    sequences: bool = True
+    """Whether a case runs whole sequences (its sizes have a seq_len)."""
 
 
 CELL = Kind(
@@ -71,6 +82,7 @@ CELL = Kind(
     implementations=("reference", "compiled", "lltm", "lstmcell", "gemm"),
     defaults=("reference", "compiled", "lltm", "lstmcell"),
     baseline="reference",
+    sequences=False,
 )
 SEQUENCE = Kind(
     "sequence",
@@ -79,9 +91,25 @@ SEQUENCE = Kind(
     baseline="reference-loop",
     rival="lstm",
 )
+PER_SAMPLE = Kind(
+    "per-sample",
+    implementations=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap", "lstm-loop"),
+    defaults=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"),
+    baseline="lltm-loop",
+    rival="lstm-vmap",
+    # Per-sample gradients are one computation: the forward is not kept.
+    phases=("step",),
+    saved_memory=False,
+)
+KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE)}
+
+# --per-sample without -b or --seq-len: 32 samples of 50 steps.
+PER_SAMPLE_BATCH = 32
+PER_SAMPLE_SEQ_LEN = 50
 
 
 def kind_of(size: Size) -> Kind:
+    """The kind a size implies when none is named: a cell step or a sequence."""
     return CELL if size.seq_len is None else SEQUENCE
 
 
@@ -89,7 +117,8 @@ def kind_of(size: Size) -> Kind:
 
 
 class Case:
-    """One implementation at one size: ``forward``, ``backward`` and ``step``."""
+    """One implementation at one size: ``forward``, ``backward`` and ``step``
+    (those of its kind's phases that it times)."""
 
     def __init__(self, impl: str) -> None:
         self.impl = impl
@@ -187,6 +216,37 @@ class GemmCase(Case):
         return self.forward(), self.backward()
 
 
+class PerSampleCase(Case):
+    """The parameters' gradients for a batch of samples, in one phase (step).
+
+    ``module`` is the module differentiated, ``samples`` the inputs and
+    targets, ``(batch, seq_len, features)`` and ``(batch, seq_len, state)``.
+    ``gradients`` runs the step and gives its result in one layout, outside
+    what is timed: parameter name -> the per-sample gradients stacked,
+    ``(batch, *parameter.shape)``, or for ``lltm-batched`` the one gradient
+    of the batch's mean loss, ``parameter.shape``.
+    """
+
+    def __init__(
+        self,
+        impl: str,
+        step: Callable[[], Any],
+        module: torch.nn.Module,
+        samples: tuple[Tensor, Tensor],
+        collect: Callable[[Any], Iterable[Tensor]],
+    ) -> None:
+        super().__init__(impl)
+        self._step, self._collect = step, collect
+        self.module, self.samples = module, samples
+
+    def step(self) -> Any:
+        return self._step()
+
+    def gradients(self) -> dict[str, Tensor]:
+        names = [name for name, _ in self.module.named_parameters()]
+        return dict(zip(names, self._collect(self._step()), strict=True))
+
+
 # --- Building cases --------------------------------------------------------------
 
 
@@ -198,11 +258,17 @@ def make_case(
     *,
     inputs_grad: bool = False,
     seed: int = 0,
+    kind: Kind | None = None,
 ) -> Case:
-    """``impl`` at ``size``: a cell step, or a sequence when ``size.seq_len`` is set."""
-    kind = kind_of(size)
+    """``impl`` at ``size``: of ``kind``, by default a cell step, or a
+    sequence when ``size.seq_len`` is set."""
+    kind = kind or kind_of(size)
     if impl not in kind.implementations:
         raise ValueError(f"no {kind.name} implementation {impl!r}")
+    if kind.sequences and size.seq_len is None:
+        raise ValueError(f"a {kind.name} case needs a sequence length")
+    if kind is PER_SAMPLE and inputs_grad:
+        raise ValueError("per-sample gradients are the parameters' only")
     torch.manual_seed(seed)
     # Every LLTM implementation gets these weights; the inputs are drawn next,
     # before any implementation-specific module, so they are the same for all.
@@ -215,6 +281,8 @@ def make_case(
         floor = _cell_gemm if size.seq_len is None else _sequence_gemm
         return floor(ref.weights.detach(), size, inputs_grad, partial(tensor, leaf=False))
     b, f, s = size.batch, size.features, size.state
+    if kind is PER_SAMPLE:
+        return _per_sample_case(impl, ref, size, partial(tensor, leaf=False))
     if size.seq_len is None:
         x, h, c = tensor(b, f), tensor(b, s), tensor(b, s)
         module = _cell_module(impl, ref)
@@ -260,6 +328,69 @@ def _sequence_module(impl: str, ref: reference.LLTM) -> tuple[torch.nn.Module, S
         return output, h_n, c_n
 
     return module, call
+
+
+def _per_sample_case(
+    impl: str, ref: reference.LLTM, size: Size, tensor: Callable[..., Tensor]
+) -> PerSampleCase:
+    """Samples of one sequence each, ``(seq_len, features)``, stacked along
+    dimension 0 as a data loader gives them; the loss of a sample is the mean
+    squared error of its output against a random target, the initial state
+    the module's default (zeros)."""
+    b, t, f, s = size.batch, size.seq_len or 0, size.features, size.state
+    x, target = tensor(b, t, f), tensor(b, t, s)
+    ours = impl.startswith("lltm")
+    module = _like(LLTMSequence(f, s), ref) if ours else torch.nn.LSTM(f, s).to(ref.weights)
+    parameters = list(module.parameters())
+
+    def case(step: Callable[[], Any], collect: Callable[[Any], Iterable[Tensor]]) -> PerSampleCase:
+        return PerSampleCase(impl, step, module, (x, target), collect)
+
+    if impl.endswith("-loop"):
+        # The straightforward way: one forward and backward per sample; each
+        # sample's gradients are kept as autograd returns them (not stacked).
+        def loop() -> list[tuple[Tensor, ...]]:
+            return [
+                torch.autograd.grad(_sample_loss(module(x[k])[0], target[k]), parameters)
+                for k in range(b)
+            ]
+
+        return case(loop, _stack_per_sample)
+    if impl == "lltm-batched":
+        # Not per-sample: the one gradient of the batch's mean loss, in one
+        # forward and backward of the whole batch, in the time-major layout
+        # the module takes. The floor a per-sample method can approach.
+        x_batch, target_batch = x.transpose(0, 1).contiguous(), target.transpose(0, 1).contiguous()
+        return case(
+            lambda: torch.autograd.grad(_sample_loss(module(x_batch)[0], target_batch), parameters),
+            list,
+        )
+    assert impl.endswith("-vmap")
+
+    def loss(params: dict[str, Tensor], x: Tensor, target: Tensor) -> Tensor:
+        return _sample_loss(torch.func.functional_call(module, params, (x,))[0], target)
+
+    shared = {name: p.detach() for name, p in module.named_parameters()}
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+    if ours:
+        return case(lambda: per_sample(shared, x, target), dict.values)
+
+    def fallback() -> dict[str, Tensor]:
+        # nn.LSTM's operator has no batching rule: vmap's fallback runs it
+        # once per sample, with a warning that says so.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
+            return per_sample(shared, x, target)
+
+    return case(fallback, dict.values)
+
+
+def _sample_loss(output: Tensor, target: Tensor) -> Tensor:
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def _stack_per_sample(grads: list[tuple[Tensor, ...]]) -> list[Tensor]:
+    return [torch.stack(column) for column in zip(*grads, strict=True)]
 
 
 def _loop(

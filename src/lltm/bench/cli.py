@@ -13,7 +13,7 @@ import torch
 
 from .._version import __version__
 from . import cases, report, timing
-from .cases import CELL, PHASES, SEQUENCE, Kind, Size
+from .cases import CELL, PER_SAMPLE, SEQUENCE, Kind, Size
 
 DTYPES = {
     "float32": torch.float32,
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     kind = kind_of_args(args)
     sizes = sizes_of(args)
     impls = list(dict.fromkeys([kind.baseline, *args.impl]))  # speed-ups are against it
-    blocks_per_impl = len(PHASES) * args.runs
+    blocks_per_impl = len(kind.phases) * args.runs
     results: list[timing.Result] = []
     with timing.progress(
         len(sizes) * len(impls) * blocks_per_impl, len(sizes) > 1 and not args.quiet
@@ -96,9 +96,15 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
             for impl in impls:
                 try:
                     case = cases.make_case(
-                        impl, size, device, dtype, inputs_grad=args.inputs_grad, seed=args.seed
+                        impl,
+                        size,
+                        device,
+                        dtype,
+                        inputs_grad=args.inputs_grad,
+                        seed=args.seed,
+                        kind=kind,
                     )
-                    for phase in PHASES:  # fail early: compile errors, unsupported dtypes
+                    for phase in kind.phases:  # fail early: compile errors, unsupported dtypes
                         case.phase(phase)()
                     ready.append(case)
                 except Exception as error:  # noqa: BLE001 - one failing implementation must not end the run
@@ -106,7 +112,9 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     results.append(timing.Result(size, impl, error=message))
                     for _ in range(blocks_per_impl):
                         advance()
-            times = timing.measure(ready, args.runs, threads, args.block_seconds, advance)
+            times = timing.measure(
+                ready, args.runs, threads, args.block_seconds, advance, phases=kind.phases
+            )
             for case in ready:
                 result = timing.Result(size, case.impl, times=times[case.impl])
                 with contextlib.suppress(Exception):
@@ -128,6 +136,8 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
 
 
 def kind_of_args(args: argparse.Namespace) -> Kind:
+    if args.per_sample:
+        return PER_SAMPLE
     return SEQUENCE if args.seq_len else CELL
 
 
@@ -183,7 +193,12 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     size = p.add_argument_group("size (the tutorial's flags)")
-    size.add_argument("-b", "--batch-size", type=int, default=16)
+    size.add_argument(
+        "-b",
+        "--batch-size",
+        type=int,
+        help=f"default 16; with --per-sample the number of samples, default {cases.PER_SAMPLE_BATCH}",
+    )
     size.add_argument("-f", "--features", type=int, default=32)
     size.add_argument("-s", "--state-size", type=int, default=128)
     size.add_argument(
@@ -206,6 +221,12 @@ def parser() -> argparse.ArgumentParser:
         "(with every size asked for)",
     )
     what.add_argument(
+        "--per-sample",
+        action="store_true",
+        help="time per-sample gradients of the parameters instead: one sequence per sample, "
+        f"of length {cases.PER_SAMPLE_SEQ_LEN} unless --seq-len says otherwise",
+    )
+    what.add_argument(
         "--inputs-grad",
         action="store_true",
         help="the inputs and state require grad too (default: only the parameters, "
@@ -216,7 +237,8 @@ def parser() -> argparse.ArgumentParser:
         type=_names,
         metavar="NAMES",
         help=f"comma-separated implementations; cell: {_choices(CELL)}; "
-        f"sequence: {_choices(SEQUENCE)}. The baseline (reference, reference-loop) always runs",
+        f"sequence: {_choices(SEQUENCE)}; per-sample: {_choices(PER_SAMPLE)}. "
+        "The baseline (reference, reference-loop, lltm-loop) always runs",
     )
     what.add_argument(
         "--device",
@@ -271,6 +293,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if args.runs < 1:
         p.error("--runs must be at least 1")
     kind = kind_of_args(args)
+    if kind is PER_SAMPLE:
+        if args.inputs_grad:
+            p.error("--inputs-grad: per-sample gradients are those of the parameters only")
+        args.seq_len = args.seq_len or [cases.PER_SAMPLE_SEQ_LEN]
+    if args.batch_size is None:
+        args.batch_size = cases.PER_SAMPLE_BATCH if kind is PER_SAMPLE else 16
     names = args.impl or list(kind.defaults)
     if names == ["all"]:
         names = list(kind.implementations)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .cases import CELL, PHASES, Kind, Size, kind_of
+from .cases import KINDS, PER_SAMPLE, Kind, Size
 from .timing import Result
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
@@ -18,12 +18,18 @@ NAMES = {
     "reference": "the eager reference",
     "reference-loop": "the reference loop",
     "lstm": "nn.LSTM",
+    "lltm-loop": "a loop over the samples",
+    "lstm-vmap": "nn.LSTM under vmap",
 }
+SHORT = {"forward": "fwd", "backward": "bwd", "step": "step"}
+# What files written before these fields existed measured: one cell step with
+# inputs that require grad.
+OLD_ENVIRONMENT = {"case": "cell", "inputs_grad": True, "seq_len": None}
 
 
-def kind_of_results(results: Sequence[Result]) -> Kind:
+def kind_of_env(env: dict[str, Any]) -> Kind:
     """The kind of case of a run (one run measures one kind)."""
-    return kind_of(results[0].size) if results else CELL
+    return KINDS[{**OLD_ENVIRONMENT, **env}["case"]]
 
 
 def speedup(results: Sequence[Result], result: Result, phase: str, against: str) -> float | None:
@@ -39,7 +45,7 @@ def _comparisons(kind: Kind) -> dict[str, str]:
     readers of older files look for it."""
     fields = {"speedup_vs_reference": kind.baseline}
     if kind.rival:
-        fields[f"speedup_vs_{kind.rival}"] = kind.rival
+        fields[f"speedup_vs_{kind.rival.replace('-', '_')}"] = kind.rival
     return fields
 
 
@@ -47,12 +53,14 @@ def _comparisons(kind: Kind) -> dict[str, str]:
 
 
 def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
-    """``{"environment": env, "results": [one row per size and implementation]}``."""
-    comparisons = _comparisons(kind_of_results(results))
+    """``{"environment": env, "results": [one row per size and implementation]}``;
+    a row has a field per phase its kind times."""
+    kind = kind_of_env(env)
+    comparisons = _comparisons(kind)
     rows = []
     for r in results:
         row: dict[str, Any] = {**asdict(r.size), "impl": r.impl, "error": r.error}
-        for phase in PHASES:
+        for phase in kind.phases:
             row[phase] = {
                 "min_s": r.min(phase),
                 "median_s": r.median(phase),
@@ -65,19 +73,15 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
     return {"environment": env, "results": rows}
 
 
-# What files written before these fields existed measured: one cell step with
-# inputs that require grad.
-OLD_ENVIRONMENT = {"case": "cell", "inputs_grad": True, "seq_len": None}
-
-
 def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
     """Results and environment of a ``--json`` file, such that min() and
     median() give back the recorded values (speed-ups follow from those)."""
+    env = {**OLD_ENVIRONMENT, **report["environment"]}
     results = []
     for row in report["results"]:
         times = {
             phase: [row[phase]["min_s"], row[phase]["median_s"], row[phase]["median_s"]]
-            for phase in PHASES
+            for phase in kind_of_env(env).phases
             if row[phase]["min_s"] is not None
         }
         size = Size(row["batch"], row["features"], row["state"], row.get("seq_len"))
@@ -91,7 +95,7 @@ def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
                 error=row["error"],
             )
         )
-    return results, {**OLD_ENVIRONMENT, **report["environment"]}
+    return results, env
 
 
 # --- Table -----------------------------------------------------------------------
@@ -99,6 +103,11 @@ def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
 
 def configuration(env: dict[str, Any]) -> str:
     """Which case ran, and which gradients its backward computes."""
+    if kind_of_env(env) is PER_SAMPLE:
+        return (
+            "per-sample gradients of the parameters (one sequence per sample, mean squared "
+            "error against a random target), speed-ups against lltm-loop"
+        )
     sequence = env["case"] == "sequence"
     if env["inputs_grad"]:
         state = "input, h_0 and c_0" if sequence else "input, h and c"
@@ -126,15 +135,19 @@ def pick_unit(results: Sequence[Result], unit: str) -> str:
     return "ms" if slowest > 0.01 else "us"
 
 
-def table_rows(results: Sequence[Result], unit: str = "auto") -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the results table; ``auto`` picks us or ms per cell.
+def table_rows(
+    results: Sequence[Result], env: dict[str, Any], unit: str = "auto"
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the results table of a run; ``auto`` picks us or ms
+    per cell.
 
-    Columns: size (and T for sequences), impl, min / median per phase,
-    speed-ups against the baseline (and the rival, for sequences), saved
-    bytes. The columns up to ``impl`` are labels, the rest numbers.
+    Columns: size (and T for sequences), impl, min / median per phase the
+    kind times, speed-ups against the baseline (and the rival, if the kind
+    has one), saved bytes (if the kind measures them). The columns up to
+    ``impl`` are labels, the rest numbers.
     """
-    kind = kind_of_results(results)
-    sequence = kind.name == "sequence"
+    kind = kind_of_env(env)
+    phases = " / ".join(SHORT[phase] for phase in kind.phases)
 
     def timing(r: Result, phase: str) -> str:
         low, mid = r.min(phase), r.median(phase)
@@ -144,7 +157,7 @@ def table_rows(results: Sequence[Result], unit: str = "auto") -> tuple[list[str]
         return f"{low * UNITS[u]:,.1f} / {mid * UNITS[u]:,.1f} {u}"
 
     def ratios(r: Result, against: str) -> str:
-        values = (speedup(results, r, phase, against) for phase in PHASES)
+        values = (speedup(results, r, phase, against) for phase in kind.phases)
         return " / ".join("-" if v is None else f"{v:.2f}" for v in values)
 
     def kib(n: int | None) -> str:
@@ -152,16 +165,16 @@ def table_rows(results: Sequence[Result], unit: str = "auto") -> tuple[list[str]
 
     header = [
         "size",
-        *(["T"] if sequence else []),
+        *(["T"] if kind.sequences else []),
         "impl",
-        *(f"{phase} min / median" for phase in PHASES),
-        "speed-up fwd / bwd / step",
-        *([f"vs {NAMES[kind.rival]} fwd / bwd / step"] if kind.rival else []),
-        "saved KiB (beyond inputs)",
+        *(f"{phase} min / median" for phase in kind.phases),
+        f"speed-up {phases}",
+        *([f"vs {NAMES[kind.rival]} {phases}"] if kind.rival else []),
+        *(["saved KiB (beyond inputs)"] if kind.saved_memory else []),
     ]
     rows = []
     for r in results:
-        labels = [str(r.size), *([str(r.size.seq_len)] if sequence else []), r.impl]
+        labels = [str(r.size), *([str(r.size.seq_len)] if kind.sequences else []), r.impl]
         if r.error:
             rows.append([*labels, f"failed: {r.error}", *[""] * (len(header) - len(labels) - 1)])
             continue
@@ -173,10 +186,10 @@ def table_rows(results: Sequence[Result], unit: str = "auto") -> tuple[list[str]
         rows.append(
             [
                 *labels,
-                *(timing(r, phase) for phase in PHASES),
+                *(timing(r, phase) for phase in kind.phases),
                 ratios(r, kind.baseline),
                 *([ratios(r, kind.rival)] if kind.rival else []),
-                saved,
+                *([saved] if kind.saved_memory else []),
             ]
         )
     return header, rows
@@ -188,7 +201,7 @@ def label_columns(header: Sequence[str]) -> int:
 
 
 def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> None:
-    header, rows = table_rows(results, unit)
+    header, rows = table_rows(results, env, unit)
     labels = label_columns(header)
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
     try:
@@ -217,18 +230,29 @@ def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> No
 # --- Plot ------------------------------------------------------------------------
 
 
-def _axis(sizes: Sequence[Size]) -> tuple[list[str], str]:
-    """Tick labels and axis label for the points of a run: sizes, lengths or both."""
+def _axis(sizes: Sequence[Size], batch: str) -> tuple[list[str], str]:
+    """Tick labels and axis label for the points of a run: sizes, lengths or
+    both; ``batch`` names the first dimension of a size."""
     if all(s.seq_len is None for s in sizes):
-        return [str(s) for s in sizes], "batch x features x state"
+        return [str(s) for s in sizes], f"{batch} x features x state"
     if len({str(s) for s in sizes}) == 1:
         return [str(s.seq_len) for s in sizes], f"sequence length T (at {sizes[0]})"
-    return [f"{s} T={s.seq_len}" for s in sizes], "batch x features x state, sequence length"
+    return [f"{s} T={s.seq_len}" for s in sizes], f"{batch} x features x state, sequence length"
+
+
+# The time panel of a plot, per kind: title and what is timed.
+TIME_PANELS = {
+    "cell": ("time per step", "forward + backward"),
+    "sequence": ("time per sequence (all T steps)", "forward + backward"),
+    "per-sample": ("time per batch of samples", "every sample's gradients"),
+}
+# Speed-up lines of a plot, per phase (when the kind times it): line style, marker.
+SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", ".")}
 
 
 def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:
     """Step time per size (or sequence length), and speed-ups against the
-    baseline (and, for sequences, against nn.LSTM)."""
+    baseline (and against the rival, if the kind has one)."""
     try:
         import matplotlib
     except ImportError as error:
@@ -238,10 +262,11 @@ def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kind = kind_of_results(results)
+    kind = kind_of_env(env)
     comparisons = [kind.baseline, *([kind.rival] if kind.rival else [])]
+    lines = {phase: style for phase, style in SPEEDUP_LINES.items() if phase in kind.phases}
     sizes = list(dict.fromkeys(r.size for r in results))
-    ticks, xlabel = _axis(sizes)
+    ticks, xlabel = _axis(sizes, "samples" if kind is PER_SAMPLE else "batch")
     impls = list(dict.fromkeys(r.impl for r in results if not r.error))
     fig, axes = plt.subplots(
         1, 1 + len(comparisons), figsize=(6 * (1 + len(comparisons)), 4.8), layout="constrained"
@@ -264,26 +289,17 @@ def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -
         for ax, against in zip(speed_axes, comparisons, strict=True):
             if impl in (against, "gemm"):
                 continue
-            ax.plot(
-                xs,
-                [speedup(results, mine[sizes[i]], "step", against) or math.nan for i in xs],
-                marker="o",
-                color=colours[impl],
-                label=f"{impl} step",
-            )
-            ax.plot(
-                xs,
-                [speedup(results, mine[sizes[i]], "forward", against) or math.nan for i in xs],
-                ":",
-                marker=".",
-                color=colours[impl],
-                label=f"{impl} forward",
-            )
-    ax_time.set(
-        yscale="log",
-        ylabel=f"forward + backward, median ({unit})",
-        title="time per sequence (all T steps)" if kind.name == "sequence" else "time per step",
-    )
+            for phase, (style, marker) in lines.items():
+                ax.plot(
+                    xs,
+                    [speedup(results, mine[sizes[i]], phase, against) or math.nan for i in xs],
+                    style,
+                    marker=marker,
+                    color=colours[impl],
+                    label=f"{impl} {phase}",
+                )
+    time_title, timed = TIME_PANELS[kind.name]
+    ax_time.set(yscale="log", ylabel=f"{timed}, median ({unit})", title=time_title)
     for ax, against in zip(speed_axes, comparisons, strict=True):
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set(

@@ -60,10 +60,12 @@ def measure(
     threads: int,
     block_seconds: float = BLOCK_SECONDS,
     on_block: Callable[[], None] = lambda: None,
+    phases: Sequence[str] = PHASES,
 ) -> dict[str, dict[str, list[float]]]:
     """Seconds per call, per implementation and phase, one entry per round.
 
-    Each round times one block of every (implementation, phase) in turn.
+    Each round times one block of every (implementation, phase) in turn,
+    for the ``phases`` asked for.
     torch.utils.benchmark does the warm-up, sets the thread count and
     synchronises the GPU around each block.
     """
@@ -72,10 +74,10 @@ def measure(
             stmt="fn()", globals={"fn": case.phase(phase)}, num_threads=threads
         )
         for case in cases
-        for phase in PHASES
+        for phase in phases
     }
     calls = {key: _calls_per_block(timer, block_seconds) for key, timer in timers.items()}
-    times: dict[str, dict[str, list[float]]] = {c.impl: {p: [] for p in PHASES} for c in cases}
+    times: dict[str, dict[str, list[float]]] = {c.impl: {p: [] for p in phases} for c in cases}
     for _ in range(rounds):
         for (impl, phase), timer in timers.items():
             times[impl][phase].append(timer.timeit(calls[impl, phase]).mean)
