@@ -49,6 +49,12 @@ def _comparisons(kind: Kind) -> dict[str, str]:
     return fields
 
 
+def _rival(kind: Kind, results: Sequence[Result]) -> str | None:
+    """The rival, if it is among the implementations of the run (timed or
+    failed): tables and plots compare with it only then."""
+    return kind.rival if any(r.impl == kind.rival for r in results) else None
+
+
 # --- JSON ------------------------------------------------------------------------
 
 
@@ -143,10 +149,11 @@ def table_rows(
 
     Columns: size (and T for sequences), impl, min / median per phase the
     kind times, speed-ups against the baseline (and the rival, if the kind
-    has one), saved bytes (if the kind measures them). The columns up to
-    ``impl`` are labels, the rest numbers.
+    has one and the run includes it), saved bytes (if the kind measures
+    them). The columns up to ``impl`` are labels, the rest numbers.
     """
     kind = kind_of_env(env)
+    rival = _rival(kind, results)
     phases = " / ".join(SHORT[phase] for phase in kind.phases)
 
     def timing(r: Result, phase: str) -> str:
@@ -169,7 +176,7 @@ def table_rows(
         "impl",
         *(f"{phase} min / median" for phase in kind.phases),
         f"speed-up {phases}",
-        *([f"vs {NAMES[kind.rival]} {phases}"] if kind.rival else []),
+        *([f"vs {NAMES[rival]} {phases}"] if rival else []),
         *(["saved KiB (beyond inputs)"] if kind.saved_memory else []),
     ]
     rows = []
@@ -188,7 +195,7 @@ def table_rows(
                 *labels,
                 *(timing(r, phase) for phase in kind.phases),
                 ratios(r, kind.baseline),
-                *([ratios(r, kind.rival)] if kind.rival else []),
+                *([ratios(r, rival)] if rival else []),
                 *([saved] if kind.saved_memory else []),
             ]
         )
@@ -252,7 +259,7 @@ SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", ".")}
 
 def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:
     """Step time per size (or sequence length), and speed-ups against the
-    baseline (and against the rival, if the kind has one)."""
+    baseline (and against the rival, if the kind has one and it ran)."""
     try:
         import matplotlib
     except ImportError as error:
@@ -263,7 +270,8 @@ def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -
     import matplotlib.pyplot as plt
 
     kind = kind_of_env(env)
-    comparisons = [kind.baseline, *([kind.rival] if kind.rival else [])]
+    rival = _rival(kind, results)
+    comparisons = [kind.baseline, *([rival] if rival else [])]
     lines = {phase: style for phase, style in SPEEDUP_LINES.items() if phase in kind.phases}
     sizes = list(dict.fromkeys(r.size for r in results))
     ticks, xlabel = _axis(sizes, "samples" if kind is PER_SAMPLE else "batch")
