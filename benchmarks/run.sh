@@ -2,7 +2,7 @@
 # The runs behind benchmarks/RESULTS.md, one JSON each in benchmarks/data/;
 # `python benchmarks/render.py data/FILE.json` turns one back into its table.
 # Needs lltm installed (e.g. `nox -s bench` builds it; or an in-place build
-# with PYTHONPATH=src). Takes about 40 minutes on 2 cores; keep the machine
+# with PYTHONPATH=src). Takes about an hour on 2 cores; keep the machine
 # otherwise idle.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -29,3 +29,17 @@ done
 # Time against sequence length, with its plot.
 bench --seq-len 1,5,10,25,50,100 --threads 1 --impl all -r 5 \
   --json data/sequence_lengths_1thread.json --plot sequence_lengths_1thread.png
+
+# Per-sample gradients, 32 samples of T = 50 at the tutorial's size: five runs
+# per thread count, taking turns, since one run's ratios move by tens of per
+# cent on a shared machine.
+for run in 1 2 3 4 5; do
+  for threads in 1 2; do
+    bench --per-sample --threads "$threads" --impl all \
+      --json "data/per_sample_tutorial_${threads}thread_run${run}.json"
+  done
+done
+# Per-sample gradients against the number of samples, with its plot.
+bench --per-sample --sizes 1x32x128,4x32x128,8x32x128,16x32x128,32x32x128,64x32x128,128x32x128 \
+  --threads 1 --impl lltm-loop,lltm-vmap,lltm-batched -r 9 \
+  --json data/per_sample_samples_1thread.json --plot per_sample_samples_1thread.png
