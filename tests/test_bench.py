@@ -169,6 +169,18 @@ def test_plot_writes_a_png(tmp_path, saved_figures):
     assert "reference step" not in speedups
 
 
+def test_plot_axis_names_what_varies():
+    axis = bench.report._axis
+    cells = [cases.Size(2, 3, 4), cases.Size(3, 2, 5)]
+    assert axis(cells, "batch") == (["2x3x4", "3x2x5"], "batch x features x state")
+    lengths = [cases.Size(2, 3, 4, t) for t in (5, 10)]
+    assert axis(lengths, "batch") == (["5", "10"], "sequence length T (at 2x3x4)")
+    samples = [cases.Size(b, 3, 4, 50) for b in (1, 8)]
+    assert axis(samples, "samples") == (["1x3x4", "8x3x4"], "samples x features x state (T=50)")
+    both = [cases.Size(1, 3, 4, 5), cases.Size(8, 3, 4, 10)]
+    assert axis(both, "batch")[1] == "batch x features x state, sequence length"
+
+
 def test_sweep_runs_every_size(monkeypatch, capsys):
     monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4), (3, 1, 2)))
     report = _run_json(capsys, *EAGER, "--sweep")
@@ -560,6 +572,38 @@ def test_render_a_sequence_run(render, tmp_path, capsys):
     assert header.startswith("| size | T | impl |") and "vs nn.LSTM" in header
     assert sum(line.startswith("| 2x3x4 | 3 |") for line in lines) == len(SEQUENCE_IMPLS)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_render_across_repeated_runs(render, tmp_path, capsys):
+    first = tmp_path / "run1.json"
+    assert bench.main([*FAST, "--per-sample", "--seq-len", "2", "-q", "--json", str(first)]) == 0
+    data = json.loads(first.read_text())
+    rows = {row["impl"]: row["step"] for row in data["results"]}
+    loop, vmapped = rows["lltm-loop"]["median_s"], rows["lltm-vmap"]["median_s"]
+    # A second run in which lltm-vmap took twice as long.
+    for key in ("min_s", "median_s"):
+        rows["lltm-vmap"][key] *= 2
+    second = tmp_path / "run2.json"
+    second.write_text(json.dumps(data))
+    assert render.main(["--across", str(first), str(second)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("2 runs of per-sample at 2x3x4, T=2: step medians in ")
+    assert lines[2] == "| run | lltm-loop | lltm-vmap | lltm-batched | lstm-vmap |"
+    assert [line.split(" | ")[0] for line in lines[4:]] == [
+        "| run1.json",
+        "| run2.json",
+        "| median over the runs",
+    ]
+    # Medians of the two runs: time 1.5x the first's, speed-up 0.75x.
+    unit = lines[0].split("step medians in ")[1].split(",")[0]
+    median = lines[-1].split(" | ")[2]
+    scale = bench.report.UNITS[unit]
+    assert median.startswith(f"{1.5 * vmapped * scale:,.1f} ({0.75 * loop / vmapped:.2f}x; ")
+    # Runs of different kinds or sizes do not mix.
+    data["environment"]["case"] = "sequence"
+    second.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="one kind of case at one size"):
+        render.main(["--across", str(first), str(second)])
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -244,6 +245,8 @@ def _axis(sizes: Sequence[Size], batch: str) -> tuple[list[str], str]:
         return [str(s) for s in sizes], f"{batch} x features x state"
     if len({str(s) for s in sizes}) == 1:
         return [str(s.seq_len) for s in sizes], f"sequence length T (at {sizes[0]})"
+    if len({s.seq_len for s in sizes}) == 1:
+        return [str(s) for s in sizes], f"{batch} x features x state (T={sizes[0].seq_len})"
     return [f"{s} T={s.seq_len}" for s in sizes], f"{batch} x features x state, sequence length"
 
 
@@ -318,7 +321,8 @@ def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    fig.suptitle(title(env), fontsize="medium")
+    # About 65 characters per panel fit on a line.
+    fig.suptitle(textwrap.fill(title(env), 65 * len(axes)), fontsize="medium")
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
