@@ -154,14 +154,23 @@ def _panels(figure):
     ]
 
 
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _plotted(args: list[str], path: Path, saved_figures: list) -> list:
+    """The panels of the one figure `lltm bench ARGS --plot PATH` saves as a PNG."""
+    assert bench.main([*FAST, *args, "-q", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == PNG
+    [figure] = saved_figures
+    return _panels(figure)
+
+
 def test_plot_writes_a_png(tmp_path, saved_figures):
-    path = tmp_path / "bench.png"
-    assert bench.main([*FAST, *EAGER, "--sizes", "2x3x4,3x2x5", "-q", "--plot", str(path)]) == 0
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    args = [*EAGER, "--sizes", "2x3x4,3x2x5"]
     # What is drawn: time per size for every implementation, speed-ups
     # against the reference for the others.
-    [figure] = saved_figures
-    (xlabel, ticks, times), (_, _, speedups) = _panels(figure)
+    panels = _plotted(args, tmp_path / "bench.png", saved_figures)
+    (xlabel, ticks, times), (_, _, speedups) = panels
     assert (xlabel, ticks) == ("batch x features x state", ["2x3x4", "3x2x5"])
     assert set(times) == {"reference", "lltm", "lstmcell", "GEMMs only"}
     assert all(len(ys) == 2 and min(ys) > 0 for ys in times.values())
@@ -309,13 +318,9 @@ def test_sequence_implementations_compute_the_same_thing(inputs_grad):
 
 
 def test_sequence_plot_against_length(tmp_path, saved_figures):
-    path = tmp_path / "seq.png"
-    assert bench.main([*FAST, "--seq-len", "2,3", "--impl", "all", "-q", "--plot", str(path)]) == 0
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    [figure] = saved_figures
     # Time, speed-up against the reference loop and against nn.LSTM, each
     # against the sequence length.
-    panels = _panels(figure)
+    panels = _plotted(["--seq-len", "2,3", "--impl", "all"], tmp_path / "seq.png", saved_figures)
     assert len(panels) == 3
     for xlabel, ticks, lines in panels:
         assert xlabel == "sequence length T (at 2x3x4)" and ticks == ["2", "3"]
@@ -422,14 +427,11 @@ def test_per_sample_gradients_of_nn_lstm():
 
 
 def test_per_sample_plot_and_render(render, tmp_path, saved_figures, capsys):
-    data, plot = tmp_path / "per_sample.json", tmp_path / "per_sample.png"
-    argv = [*FAST, "--per-sample", "--seq-len", "2,3", "-q", "--json", str(data)]
-    assert bench.main([*argv, "--plot", str(plot)]) == 0
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = tmp_path / "per_sample.json"
+    args = ["--per-sample", "--seq-len", "2,3", "--json", str(data)]
     # Time, speed-up against lltm-loop and against nn.LSTM under vmap, each
     # against the sequence length; speed-ups of the step only.
-    [figure] = saved_figures
-    panels = _panels(figure)
+    panels = _plotted(args, tmp_path / "per_sample.png", saved_figures)
     assert len(panels) == 3
     for xlabel, ticks, _ in panels:
         assert xlabel == "sequence length T (at 2x3x4)" and ticks == ["2", "3"]
@@ -571,7 +573,7 @@ def test_render_a_sequence_run(render, tmp_path, capsys):
     header = next(line for line in lines if line.startswith("| size"))
     assert header.startswith("| size | T | impl |") and "vs nn.LSTM" in header
     assert sum(line.startswith("| 2x3x4 | 3 |") for line in lines) == len(SEQUENCE_IMPLS)
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.read_bytes()[:8] == PNG
 
 
 def test_render_across_repeated_runs(render, tmp_path, capsys):
