@@ -159,6 +159,27 @@ def in_step_order(pieces: dict[int, Tensor], n: Any, width: int, like: Tensor) -
     return torch.cat([pieces[start] for start in sorted(pieces)], dim=0)
 
 
+def state_and_input_rows(
+    output: Tensor,
+    input: Tensor,
+    old_h: Tensor,
+    n: Any,
+    batch_sizes: Tensor | None,
+    reverse: bool,
+) -> Tensor:
+    """[h_prev, x] for every row, (rows, S + F): what each step multiplied
+    by the weights, the right-hand side of the weight gradient."""
+    if n.packed:
+        steps = step_schedule(n, batch_sizes, reverse)
+        h_rows = in_step_order(previous_states(output, old_h, steps), n, n.state, input)
+        return torch.cat([h_rows, input], dim=1)
+    # Padded: every step reads the whole batch, so the states read are the
+    # outputs shifted by one step, with old_h at the end the sequence starts from.
+    first = old_h.unsqueeze(0)
+    h_steps = torch.cat([output[1:], first]) if reverse else torch.cat([first, output[:-1]])
+    return torch.cat([h_steps, input], dim=2).reshape(n.rows, n.state + n.features)
+
+
 def previous_states(
     out_rows: Tensor, old_h: Tensor, steps: list[tuple[int, slice]]
 ) -> dict[int, Tensor]:
@@ -268,12 +289,11 @@ def sequence_backward(
     d_gates, grad_old_h, grad_old_cell, grad_bias = _through_time(
         grad_output, grad_h_n, grad_c_n, gates, cells, input, weights, old_h, steps, n
     )
-    h_prev = previous_states(as_rows(output, n), old_h, steps)
-    h_rows = in_step_order(h_prev, n, n.state, input)
-    x_rows = as_rows(input, n)
+    if want_weights:
+        h_x = state_and_input_rows(output, input, old_h, n, batch_sizes, reverse)
     return (
         in_layout(d_gates @ weights[:, n.state :], n) if want_input else None,
-        d_gates.t() @ torch.cat([h_rows, x_rows], dim=1) if want_weights else None,
+        d_gates.t() @ h_x if want_weights else None,
         grad_bias.to(input.dtype) if want_bias else None,
         grad_old_h if want_old_h else None,
         grad_old_cell if want_old_cell else None,

@@ -122,14 +122,11 @@ def sequence(
     n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
     schedule = _composite.step_schedule(n, batch_sizes, reverse)
     math = _composite.math_type(input)
-    out_rows = _composite.as_rows(output, n)
     gate_rows = _composite.as_rows(gates, n)
     cell_rows = _composite.as_rows(cells, n)
     h_x = None
     if d_weights is not None:
-        h_prev = _composite.previous_states(out_rows, old_h, schedule)
-        h_rows = _composite.in_step_order(h_prev, n, n.state, input)
-        h_x = torch.cat([h_rows, _composite.as_rows(input, n)], dim=1)
+        h_x = _composite.state_and_input_rows(output, input, old_h, n, batch_sizes, reverse)
     d_x_rows = None if d_input is None else _composite.as_rows(d_input, n)
     input_side = _input_side(h_x, d_x_rows, weights, d_weights, d_bias, n.rows, math)
 

@@ -201,15 +201,7 @@ def _per_sample_parameter_grads(
         grads[0] = _composite.in_layout(d_rows @ weights[:, state:], n)
     per_sample = d_rows.reshape(-1, size, d_rows.shape[-1]).transpose(0, 1)  # (size, rows, 3S)
     if want_weights:
-        steps = _composite.step_schedule(n, batch_sizes, reverse)
-        h_prev = _composite.previous_states(_composite.as_rows(output, n), old_h, steps)
-        h_x = torch.cat(
-            [
-                _composite.in_step_order(h_prev, n, state, input),
-                _composite.as_rows(input, n),
-            ],
-            dim=1,
-        )
+        h_x = _composite.state_and_input_rows(output, input, old_h, n, batch_sizes, reverse)
         h_x = h_x.reshape(-1, size, h_x.shape[-1]).transpose(0, 1)  # (size, rows, S + F)
         grads[1] = per_sample.mT @ h_x
     if want_bias:
