@@ -21,11 +21,27 @@ from torch import Tensor
 ARG_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 
 
+_INDUCTOR_CACHE_KEY = pytest.StashKey[tuple[str, str | None]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # torch.compile caches compiled graphs on disk, keyed by the forward graph:
     # a backward compiled against an older lltm would be reused. Tests compile
-    # the code under test, in a cache of their own.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lltm-inductor-")
+    # the code under test, in a cache of their own, removed at the end.
+    cache = tempfile.mkdtemp(prefix="lltm-inductor-")
+    config.stash[_INDUCTOR_CACHE_KEY] = (cache, os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _INDUCTOR_CACHE_KEY not in config.stash:
+        return
+    cache, before = config.stash[_INDUCTOR_CACHE_KEY]
+    if before is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 # Per-test timeout of the slow tests (pytest-timeout; the others get the
