@@ -129,3 +129,15 @@ def test_saved_trace_loads_and_runs_in_a_fresh_process(tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+@pytest.mark.parametrize("name", ["cell", "sequence"])
+def test_script_says_it_is_not_supported_and_what_to_use(name):
+    # torch.jit.script cannot compile the modules' Python forward: the error
+    # names the module and the ways that work, for the module itself and for
+    # a model that holds it.
+    model, _ = _models_and_inputs()[name]
+    module = model.cell if name == "cell" else model.rnn
+    for scripted in (module, model):
+        with pytest.raises(RuntimeError, match=r"lltm: torch.jit.script .*torch.jit.trace"):
+            torch.jit.script(scripted)

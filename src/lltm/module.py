@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,20 @@ class LLTM(reference.LLTM):
 
     def extra_repr(self) -> str:
         return f"input_features={self.input_features}, state_size={self.state_size}"
+
+    def __prepare_scriptable__(self) -> torch.nn.Module:
+        _refuse_scripting(type(self).__name__)
+
+
+def _refuse_scripting(module: str) -> NoReturn:
+    # torch.jit.script calls __prepare_scriptable__ on a module and on every
+    # submodule before compiling any: one clear error instead of TorchScript's
+    # complaint about a line deep inside the argument checks.
+    raise RuntimeError(
+        f"lltm: torch.jit.script cannot compile lltm.{module} (its forward dispatches "
+        "in Python, which TorchScript cannot read); use torch.jit.trace, which records "
+        "lltm's operators, or torch.export"
+    )
 
 
 def _fail(message: str) -> None:
@@ -165,6 +180,9 @@ class LLTMSequence(torch.nn.Module):
         ``nn.LSTM`` copies its parameters into one contiguous buffer for
         cuDNN; lltm's kernels read each layer's ``weights`` and ``bias`` where
         they are, so there is nothing to flatten."""
+
+    def __prepare_scriptable__(self) -> torch.nn.Module:
+        _refuse_scripting(type(self).__name__)
 
     def reset_parameters(self) -> None:
         """The tutorial's initialisation: uniform in +-1/sqrt(state_size)."""
