@@ -171,6 +171,8 @@ SEQUENCE_CASES = {
     "padded_reverse": (None, True),
     "packed": ([4, 3, 3, 1], False),
     "packed_reverse": ([4, 3, 3, 1], True),
+    "no_steps": (None, False),  # a padded sequence of length 0
+    "no_steps_reverse": (None, True),
 }
 
 
@@ -179,7 +181,9 @@ def _sequence_args(case, seed=6):
     _, weights, bias, h, c = make_inputs(4, 3, 5, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     if lengths is None:
-        data, batch_sizes = torch.randn(5, 4, 3, generator=generator, dtype=torch.float64), None
+        steps = 0 if case.startswith("no_steps") else 5
+        data = torch.randn(steps, 4, 3, generator=generator, dtype=torch.float64)
+        batch_sizes = None
     else:
         batch_sizes = torch.tensor(lengths)
         data = torch.randn(sum(lengths), 3, generator=generator, dtype=torch.float64)

@@ -129,6 +129,8 @@ SEQUENCE_CASES = {
     "padded_reverse": (None, True),
     "packed": ([3, 2, 2, 1], False),
     "packed_reverse": ([3, 2, 2, 1], True),
+    "no_steps": (None, False),  # a padded sequence of length 0
+    "no_steps_reverse": (None, True),
 }
 
 
@@ -137,8 +139,10 @@ def _sequence_args(case, seed=4):
     _, weights, bias, h, c = make_inputs(3, 2, 4, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     if lengths is None:
+        steps = 0 if case.startswith("no_steps") else 4
+        data = torch.randn(steps, 3, 2, generator=generator, dtype=torch.float64)
         return (
-            [torch.randn(4, 3, 2, generator=generator, dtype=torch.float64), weights, bias, h, c],
+            [data, weights, bias, h, c],
             None,
             reverse,
         )

@@ -174,9 +174,11 @@ def state_and_input_rows(
         h_rows = in_step_order(previous_states(output, old_h, steps), n, n.state, input)
         return torch.cat([h_rows, input], dim=1)
     # Padded: every step reads the whole batch, so the states read are the
-    # outputs shifted by one step, with old_h at the end the sequence starts from.
+    # outputs shifted by one step, with old_h at the end the sequence starts
+    # from (and no state at all for a sequence of no steps).
     first = old_h.unsqueeze(0)
     h_steps = torch.cat([output[1:], first]) if reverse else torch.cat([first, output[:-1]])
+    h_steps = h_steps[: n.steps]
     return torch.cat([h_steps, input], dim=2).reshape(n.rows, n.state + n.features)
 
 
