@@ -194,11 +194,10 @@ def _per_sample_parameter_grads(
     d_gates, grad_old_h, grad_old_cell = sequence_gate_grads(*folded, batch_sizes, reverse)
     output, input, old_h = folded[3], folded[6], folded[8]
     n = check_sequence_backward_args(*folded, batch_sizes)
-    state = old_h.shape[1]
     d_rows = _composite.as_rows(d_gates, n)  # (rows * size, 3S), the sample innermost
     grads: list[Tensor | None] = [None] * 5
     if want_input:
-        grads[0] = _composite.in_layout(d_rows @ weights[:, state:], n)
+        grads[0] = _composite.in_layout(d_rows @ weights[:, n.state :], n)
     per_sample = d_rows.reshape(-1, size, d_rows.shape[-1]).transpose(0, 1)  # (size, rows, 3S)
     if want_weights:
         h_x = _composite.state_and_input_rows(output, input, old_h, n, batch_sizes, reverse)
