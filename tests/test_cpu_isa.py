@@ -1,14 +1,17 @@
 """Which instruction set the CPU kernels run, and every variant of them.
 
-The kernels are compiled for the baseline ISA, AVX2+FMA and AVX-512 and the
-widest the CPU supports is chosen at the first call; LLTM_CPU_ISA caps the
-choice. The variants compute the same values (AVX2 and AVX-512 even bit for
-bit), so results cannot tell which one ran: lltm._C.cpu_isa() says, and the
-tests here hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity,
-sequence and thread suites run again in a subprocess per variant below the
-default one: the baseline set also takes another path through the sequence
-kernels (torch's GEMM for the per-step products, where AVX2/AVX-512 use the
-packed kernel of lltm_cpu_gemm.h).
+On x86-64 the kernels are compiled for the baseline ISA, AVX2+FMA and AVX-512
+and the widest the CPU supports is chosen at the first call; on arm64 there
+are the baseline and NEON (the baseline plus the packed GEMM of
+lltm_cpu_gemm.h), NEON being every arm64 CPU's. LLTM_CPU_ISA caps the choice.
+The variants compute the same values (AVX2 and AVX-512 even bit for bit), so
+results cannot tell which one ran: lltm._C.cpu_isa() says, and the tests here
+hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity, sequence and
+thread suites run again in a subprocess per variant below the default one:
+the baseline set also takes another path through the sequence kernels
+(torch's GEMM for the per-step products, where AVX2/AVX-512/NEON use the
+packed kernel), and the sequences at the packed kernels' panel and tile
+edges below run under each variant too.
 """
 
 from __future__ import annotations
@@ -21,14 +24,26 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from conftest import GRAD_NAMES, assert_all_close
+from test_sequence import OUTPUT_NAMES as SEQUENCE_OUTPUTS
+from test_sequence import assert_tight, loop_of_cells, make_sequence_inputs, run_sequence
 
 import lltm
 from lltm import _C
 
 TESTS = Path(__file__).parent
-ORDER = ("baseline", "avx2", "avx512")
-X86_64 = platform.machine().lower() in ("x86_64", "amd64")
-# What the ISA flags of the CPU are named in /proc/cpuinfo.
+MACHINE = platform.machine().lower()
+X86_64 = MACHINE in ("x86_64", "amd64")
+ARM64 = MACHINE in ("aarch64", "arm64")
+# This architecture's sets, narrowest first, as LLTM_CPU_ISA's error lists them.
+if X86_64:
+    ORDER, CHOICES = ("baseline", "avx2", "avx512"), "baseline, avx2 or avx512"
+elif ARM64:
+    ORDER, CHOICES = ("baseline", "neon"), "baseline or neon"
+else:
+    ORDER, CHOICES = ("baseline",), "baseline"
+# What the ISA flags of an x86-64 CPU are named in /proc/cpuinfo.
 NEEDS = {
     "avx2": {"avx2", "fma"},
     "avx512": {"avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq"},
@@ -48,6 +63,8 @@ def _cpu_flags() -> set[str] | None:
 
 def _best() -> str:
     """The widest set of this CPU, found independently of lltm."""
+    if ARM64:
+        return "neon"  # Advanced SIMD is part of every arm64 CPU
     if not X86_64:
         return "baseline"
     flags = _cpu_flags()
@@ -93,7 +110,10 @@ def test_cap_lowers_the_choice_and_info_reports_it(cap):
     assert json.loads(result.stdout) == [_expected(cap)] * 2
 
 
-INVALID = ["avx3", "AVX2", " avx2", "sse2", "avx2,avx512"]
+# Misspellings, and the sets of the other architecture.
+INVALID = ["avx3", "AVX2", " avx2", "sse2", "avx2,avx512", "NEON"] + [
+    isa for isa in ("avx2", "avx512", "neon") if isa not in ORDER
+]
 
 _INVALID_SCRIPT = """
 import json, lltm, torch
@@ -125,8 +145,7 @@ def test_invalid_value_is_an_error_at_every_kernel_call(value):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     message = (
-        f"lltm: LLTM_CPU_ISA={value} is not an instruction set of lltm's CPU kernels; "
-        "use baseline, avx2 or avx512"
+        f"lltm: LLTM_CPU_ISA={value} is not an instruction set of lltm's CPU kernels; use {CHOICES}"
     )
     assert len(report["caught"]) == 5, report
     assert all(m.startswith(message) for m in report["caught"]), report["caught"]
@@ -150,15 +169,47 @@ def test_info_names_the_set_in_use():
     assert row.split()[-1] == _expected(None) == lltm._C.cpu_isa()
 
 
+# Sequences whose products meet every packed kernel's partial panels and
+# tiles: panels are 3 vectors wide (NEON 6 doubles or 12 floats, AVX2 12 or
+# 24, AVX-512 24 or 48 columns of 3 * state for W_h, of 3 * state too for
+# W_x) and tiles 4 (AVX2), 6 (NEON) or 8 (AVX-512) rows of the batch; 3 *
+# state runs through and past each panel width, the batches past each tile.
+EDGE_STATES = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17]
+EDGE_BATCHES = [1, 3, 5, 7, 9, 13]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("state", EDGE_STATES)
+def test_sequences_at_the_packed_kernels_edges(state, dtype):
+    for batch in EDGE_BATCHES:
+        inputs = make_sequence_inputs(3, batch, 5, state, dtype, seed=batch)
+        out, grads = run_sequence(lltm.lltm_sequence, inputs)
+        ref_out, ref_grads = run_sequence(loop_of_cells, [t.double() for t in inputs])
+        names = [f"{name} (batch {batch})" for name in SEQUENCE_OUTPUTS + GRAD_NAMES]
+        if dtype == torch.float64:
+            assert_tight(out + grads, ref_out + ref_grads, names)
+        else:
+            # A product or a pointwise step wrong in one column or row is off
+            # by O(1); float rounding over 3 steps stays below 1e-5.
+            assert_all_close(
+                [t.double() for t in out + grads], ref_out + ref_grads, names, rtol=1e-4, atol=1e-5
+            )
+
+
 # The suites that reach the kernels' ISA-specific code: the pointwise spans
 # of every dtype and layout, the sequence kernels' per-step products, and the
 # split of the work between threads. Compilation and opcheck test the Python
 # registration, the same for every variant: left to the default run.
 SUITES = ["test_parity.py", "test_sequence.py", "test_threads.py", "test_layouts.py"]
+# The tests of this file that run again under each variant.
+IN_EVERY_VARIANT = [
+    "test_this_process_runs_the_set_the_environment_asks_for",
+    "test_sequences_at_the_packed_kernels_edges",
+]
 
 
-@pytest.mark.skipif(not X86_64, reason="the AVX2/AVX-512 variants exist on x86-64 only")
-@pytest.mark.parametrize("isa", ["baseline", "avx2"])
+@pytest.mark.skipif(len(ORDER) < 2, reason="this architecture has one instruction set of lltm's")
+@pytest.mark.parametrize("isa", ORDER[:-1])
 def test_suites_pass_with_every_lower_isa(isa):
     best = _best()
     if ORDER.index(isa) > ORDER.index(best):
@@ -169,7 +220,7 @@ def test_suites_pass_with_every_lower_isa(isa):
         "",
         isa,
         *("-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not compile and not opcheck"),
-        f"{TESTS / 'test_cpu_isa.py'}::test_this_process_runs_the_set_the_environment_asks_for",
+        *(f"{TESTS / 'test_cpu_isa.py'}::{test}" for test in IN_EVERY_VARIANT),
         *(str(TESTS / suite) for suite in SUITES),
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

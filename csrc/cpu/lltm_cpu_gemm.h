@@ -7,15 +7,16 @@
 // Here B is packed once per sequence into panels of kPanel columns (three
 // SIMD vectors wide), and each step's product is a sweep of register tiles:
 // kRows rows of A by one panel, the A values broadcast, kRows * 3 vector
-// accumulators (12 of AVX2's 16 registers, 24 of AVX-512's 32). Measured on
-// a 2-core AMD EPYC (Zen 3, AVX2), single thread: 16x128x384 took 18 us
-// against 25-28 us for MKL through torch, 64x512x1536 1.1 ms against 1.3 ms.
+// accumulators (12 of AVX2's 16 registers, 24 of AVX-512's 32, 18 of NEON's
+// 32). Measured on a 2-core AMD EPYC (Zen 3, AVX2), single thread:
+// 16x128x384 took 18 us against 25-28 us for MKL through torch, 64x512x1536
+// 1.1 ms against 1.3 ms.
 //
-// Compiled per instruction set (lltm_cpu_isa.h) for float and double; the
-// baseline set has no packed kernel and the callers use torch's GEMM.
-// GCC's vector extensions keep the source portable; `acc += a * b` becomes
-// one fused multiply-add (C++ allows the contraction, and GCC and Clang do it
-// by default).
+// Compiled per instruction set (lltm_cpu_isa.h) for float and double: AVX2
+// and AVX-512 on x86-64, NEON on arm64 (the same source, with 128-bit vectors). The baseline set
+// has no packed kernel and the callers use torch's GEMM. GCC's vector extensions keep the source
+// portable; `acc += a * b` becomes one fused multiply-add (C++ allows the contraction, and GCC and
+// Clang do it by default).
 #pragma once
 
 #include <algorithm>
@@ -34,6 +35,8 @@ template <typename T>
 struct GemmKernel {
   // Columns per packed panel.
   int64_t panel;
+  // Rows of A that threads take in blocks of: whole register tiles.
+  int64_t block_rows;
   // Rows [0, m) of C (row stride ldc) = (or +=) A @ B, where a_rows[i] points
   // at row i of A (k contiguous values) and `packed` is B from pack_panels().
   void (*run)(int64_t m, const T* const* a_rows, const T* packed, int64_t k, int64_t n, T* c,
@@ -68,7 +71,7 @@ struct PackedPanels {
   }
 };
 
-#if LLTM_X86_DISPATCH
+#if LLTM_X86_DISPATCH || LLTM_ARM64_NEON
 
 template <typename T, int kLanes>
 struct VecOf {
@@ -162,6 +165,10 @@ LLTM_ALWAYS_INLINE void gemm_body(int64_t m, const T* const* a, const T* packed,
   }
 }
 
+#endif  // LLTM_X86_DISPATCH || LLTM_ARM64_NEON
+
+#if LLTM_X86_DISPATCH
+
 template <typename T>
 LLTM_TARGET_AVX2 void gemm_avx2(int64_t m, const T* const* a, const T* packed, int64_t k, int64_t n,
                                 T* c, int64_t ldc, bool accumulate) {
@@ -176,14 +183,34 @@ LLTM_TARGET_AVX512 void gemm_avx512(int64_t m, const T* const* a, const T* packe
 
 #endif  // LLTM_X86_DISPATCH
 
+#if LLTM_ARM64_NEON
+
+// 32 registers of 128 bits, which the A values share (a scalar float is the
+// low lane of a vector register): tiles of 6 rows, 18 accumulators, 3
+// vectors of the panel's row and the 6 A values. With AVX-512's 8 rows GCC
+// spilled 3 accumulators to the stack in the inner loop.
+template <typename T>
+void gemm_neon(int64_t m, const T* const* a, const T* packed, int64_t k, int64_t n, T* c,
+               int64_t ldc, bool accumulate) {
+  gemm_body<T, 16 / sizeof(T), 6>(m, a, packed, k, n, c, ldc, accumulate);
+}
+
+#endif  // LLTM_ARM64_NEON
+
 // The packed kernel for this CPU, or nullptr where torch's GEMM serves (the
 // baseline instruction set, other architectures, other element types).
 template <typename T>
 const GemmKernel<T>* packed_gemm() {
+#if LLTM_ARM64_NEON
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    static const GemmKernel<T> neon{3 * 16 / sizeof(T), 12, &gemm_neon<T>};
+    if (selected_isa() == Isa::kNeon) return &neon;
+  }
+#endif
 #if LLTM_X86_DISPATCH
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    static const GemmKernel<T> avx2{3 * 32 / sizeof(T), &gemm_avx2<T>};
-    static const GemmKernel<T> avx512{3 * 64 / sizeof(T), &gemm_avx512<T>};
+    static const GemmKernel<T> avx2{3 * 32 / sizeof(T), 8, &gemm_avx2<T>};
+    static const GemmKernel<T> avx512{3 * 64 / sizeof(T), 8, &gemm_avx512<T>};
     switch (selected_isa()) {
       case Isa::kAvx512:
         return &avx512;

@@ -17,7 +17,7 @@
 // Steps run on a running state: step t updates its first batch_sizes[t]
 // rows, the others keep theirs, which is what a PackedSequence needs in both
 // directions (lltm_ops.cpp). The per-step products are the packed kernel of
-// lltm_cpu_gemm.h where there is one (float and double on AVX2/AVX-512, with
+// lltm_cpu_gemm.h where there is one (float and double on AVX2/AVX-512 and NEON, with
 // W_h packed once per call), torch's GEMM otherwise; with several threads each
 // step's rows are split between them, product and pointwise pass alike, so a
 // step is one parallel region.
@@ -108,15 +108,15 @@ struct RowBlocks {
   }
 };
 
-// Blocks of whole register tiles, as many as threads when the sequence's
-// recurrent products (`work` multiply-adds) are worth splitting.
-RowBlocks split_rows(int64_t batch, int64_t work) {
-  constexpr int64_t kTileRows = 8;  // a multiple of every packed kernel's tile
+// Blocks of `block_rows` rows (whole register tiles of the packed kernel),
+// as many as threads when the sequence's recurrent products (`work`
+// multiply-adds) are worth splitting.
+RowBlocks split_rows(int64_t batch, int64_t work, int64_t block_rows) {
   const int64_t threads = torch::stable::get_num_threads();
-  const int64_t tiles = (batch + kTileRows - 1) / kTileRows;
+  const int64_t tiles = (batch + block_rows - 1) / block_rows;
   if (threads < 2 || tiles < 2 || work < kMinParallelProduct) return {1, batch};
   const int64_t count = std::min(threads, tiles);
-  return {count, (tiles + count - 1) / count * kTileRows};
+  return {count, (tiles + count - 1) / count * block_rows};
 }
 
 // The bias as a dense row, copied once per call (zeros without a bias: the
@@ -181,7 +181,8 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
     // accumulated in the math type, then the pointwise pass, while those
     // rows are in cache.
     const std::vector<scalar_t> b = dense_bias<scalar_t>(bias, 3 * S);
-    const RowBlocks blocks = split_rows(n.batch, n.rows * (S + n.features) * 3 * S);
+    const RowBlocks blocks =
+        split_rows(n.batch, n.rows * (S + n.features) * 3 * S, packed->block_rows);
     blocks.run(n.batch, [&](int64_t, int64_t first, int64_t last) {
       ForwardBuffers<T> buf;
       std::vector<const scalar_t*> a_rows(last - first);
@@ -359,8 +360,9 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                 weights.stride(1), packed->panel);
   }
   const Tensor w_h_view = column_block(weights, 0, S, false);
-  const RowBlocks blocks =
-      packed != nullptr ? split_rows(n.batch, n.rows * 3 * S * S) : RowBlocks{1, n.batch};
+  const RowBlocks blocks = packed != nullptr
+                               ? split_rows(n.batch, n.rows * 3 * S * S, packed->block_rows)
+                               : RowBlocks{1, n.batch};
   std::vector<BackwardWorkspace<scalar_t>> workspaces;
   workspaces.reserve(blocks.count);
   for (int64_t b = 0; b < blocks.count; ++b) workspaces.emplace_back(S);
