@@ -11,12 +11,14 @@ have more Pythons and torch versions than a developer machine:
     LLTM_ABI3_PYTHONS  oldest and newest Python of the abi3 session (default: 3.10,3.13)
     LLTM_ABI3_TORCH    torch of the abi3 session (default: 2.14.1)
 
-``nox -t tests`` covers the oldest and the newest Python the cp310-abi3 wheel
-promises (the abi3 session) besides the tests matrix.
+``nox -t tests`` covers the oldest and the newest Python the one
+py3-none wheel promises (the abi3 session, named after the cp310-abi3 wheel
+it first tested) besides the tests matrix.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -112,7 +114,7 @@ def compat(session: nox.Session) -> None:
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"])
 def abi3(session: nox.Session) -> None:
-    """One wheel, every Python: the cp310-abi3 wheel built under the oldest
+    """One wheel, every Python: the py3-none wheel built under the oldest
     Python (LLTM_ABI3_PYTHONS, default 3.10) passes the tests there and,
     installed unchanged, under the newest (default 3.13)."""
     wheel = build_wheel(session, ABI3_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
@@ -297,12 +299,17 @@ VERSION = re.search(
 LOCAL_CUDA_ARCHS = os.environ.get("LLTM_LOCAL_CUDA_ARCH_LIST", "9.0")
 
 
-def _cibw_options(config_file: Path) -> dict:
-    """[tool.cibuildwheel] of ``config_file`` with its Linux section applied."""
+def _cibw_options(config_file: Path, identifier: str = "cp310-manylinux_x86_64") -> dict:
+    """[tool.cibuildwheel] of ``config_file`` with its Linux section and the
+    overrides that select ``identifier`` applied, in order, as cibuildwheel
+    applies them."""
     options = dict(nox.project.load_toml(config_file)["tool"]["cibuildwheel"])
     options.update(options.pop("linux", {}))
     for platform in ("macos", "windows", "pyodide", "android", "ios"):
         options.pop(platform, None)
+    for override in options.pop("overrides", []):
+        if any(fnmatch.fnmatch(identifier, p) for p in override["select"].split()):
+            options.update({k: v for k, v in override.items() if k != "select"})
     return options
 
 
@@ -408,7 +415,7 @@ def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
 
     name, version, _, tags = parse_wheel_filename(wheel.name)
     assert str(version) == VERSION, wheel.name
-    assert {(t.interpreter, t.abi) for t in tags} == {("cp310", "abi3")}, wheel.name
+    assert {(t.interpreter, t.abi) for t in tags} == {("py3", "none")}, wheel.name
     assert all(re.fullmatch(r"manylinux_2_\d+_x86_64", t.platform) for t in tags), wheel.name
     members = _wheel_members(wheel)
     metadata = _wheel_metadata(wheel)
@@ -417,14 +424,14 @@ def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
     assert not vendored, f"{wheel.name} vendors {vendored}"
     if variant == "cpu":
         assert name == "lltm", wheel.name
-        assert "lltm/_C.abi3.so" in members and "lltm/py.typed" in members, members
+        assert {"lltm/lib/lltm_cpu.so", "lltm/_C.py", "lltm/py.typed"} <= set(members), members
         assert not [m for m in members if m.startswith("lltm_cuda")], members
         assert "Requires-Dist: torch>=2.10" in metadata, metadata
         _check_cuda_extras(metadata)
     else:
         assert re.fullmatch(r"lltm-cuda1[23]", name), wheel.name
         package = name.replace("-", "_")
-        assert f"{package}/_C.abi3.so" in members, members
+        assert {f"{package}/lib/lltm_cuda.so", f"{package}/_C.py"} <= set(members), members
         assert not [m for m in members if m.startswith("lltm/")], members
         assert f"Requires-Dist: lltm=={VERSION}" in metadata, metadata
     session.run("check-wheel-contents", str(wheel))
@@ -466,15 +473,17 @@ def cibuildwheel(session: nox.Session) -> None:
     (LLTM_BUILD_TORCH, LLTM_CUDA_TORCH) instead of torch 2.10 from the PyTorch
     index; the CUDA wheel is reused from dist/ or built for one architecture.
     """
-    session.install(CIBUILDWHEEL, "auditwheel", "abi3audit", "check-wheel-contents", "packaging")
+    session.install(CIBUILDWHEEL, "auditwheel", "check-wheel-contents", "packaging", "pip>=25")
 
-    # The build matrix cibuildwheel derives from the configuration.
+    # The build matrix cibuildwheel derives from the configuration: one wheel
+    # per platform, built for cp310 and tested again, unchanged, on cp314t
+    # (check_wheel_tags.py below: cibuildwheel finds it compatible there).
     expected = {
-        ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64",
-        ("pyproject.toml", "linux", "aarch64"): "cp310-manylinux_aarch64",
-        ("pyproject.toml", "macos", None): "cp310-macosx_arm64",
-        ("pyproject.toml", "windows", None): "cp310-win_amd64",
-        (CIBW_CUDA_CONFIG.name, "linux", None): "cp310-manylinux_x86_64",
+        ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64 cp314t-manylinux_x86_64",
+        ("pyproject.toml", "linux", "aarch64"): "cp310-manylinux_aarch64 cp314t-manylinux_aarch64",
+        ("pyproject.toml", "macos", None): "cp310-macosx_arm64 cp314t-macosx_arm64",
+        ("pyproject.toml", "windows", None): "cp310-win_amd64 cp314t-win_amd64",
+        (CIBW_CUDA_CONFIG.name, "linux", None): "cp310-manylinux_x86_64 cp314t-manylinux_x86_64",
     }
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}
     for (config, platform, archs), identifier in expected.items():
@@ -484,7 +493,7 @@ def cibuildwheel(session: nox.Session) -> None:
         if archs:
             args += ["--archs", archs]
         out = session.run(*args, silent=True, env=clean_env)
-        assert out.split() == [identifier], (args, out)
+        assert out.split() == identifier.split(), (args, out)
         session.log(f"{config} {platform} {archs or ''}: {identifier}")
 
     # setup.py's C++ flags for each compiler, MSVC (the Windows wheel) included.
@@ -506,26 +515,32 @@ def cibuildwheel(session: nox.Session) -> None:
         built = _built_or_reused(session, variant, Path(session.create_tmp()) / f"built-{variant}")
         dest = wheelhouse / variant
         dest.mkdir(parents=True)
-        # The configured repair command: auditwheel with the exclusions, then
-        # abi3audit (installed here rather than run through pipx).
-        repair = _command(options["repair-wheel-command"]).replace("pipx run ", "")
+        # The configured repair command: auditwheel with the exclusions.
+        repair = _command(options["repair-wheel-command"])
         repair = repair.replace("{wheel}", str(built)).replace("{dest_dir}", str(dest))
         session.run("bash", "-c", repair, external=True)
         (wheel,) = dest.glob("*.whl")
         _check_wheel(session, wheel, variant)
+        # Who installs it: CPython 3.10 to 3.14 and 3.14t, by pip's own rules.
+        session.run("python", "packaging/check_wheel_tags.py", str(wheel))
         repaired[variant] = wheel
 
     # The test step in a fresh environment: the newest torch at hand (the CUDA
     # build, LLTM_CUDA_TORCH), lltm, the test group, then test-command; then the
-    # CUDA wheel on top and the CUDA configuration's test-command.
+    # CUDA wheel on top and the CUDA configuration's test-command. Then the
+    # commands of the cp314t tests, here on this (GIL) interpreter: their
+    # code paths, not the interpreter they will meet.
     python, env = _fresh_env(session, "test-venv")
     pip = [python, "-m", "pip", "install", "--quiet"]
     session.run(*pip, f"torch=={CUDA_TORCH}", env=env, external=True)
-    for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
-        options = _cibw_options(config_file)
-        groups = [req for group in options.get("test-groups", []) for req in _group(group)]
-        session.run(*pip, str(repaired[variant]), *groups, env=env, external=True)
-        _run_test_command(session, options, env, ROOT)
+    for identifier in ("cp310-manylinux_x86_64", "cp314t-manylinux_x86_64"):
+        for variant, config in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
+            options = _cibw_options(config, identifier)
+            groups = [req for group in options.get("test-groups", []) for req in _group(group)]
+            requires = [*groups, *options.get("test-requires", [])]
+            session.run(*pip, str(repaired[variant]), *requires, env=env, external=True)
+            session.log(f"{config.name}: the test-command of {identifier}")
+            _run_test_command(session, options, env, ROOT)
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
@@ -563,7 +578,8 @@ def sdist(session: nox.Session) -> None:
     }
     required = csrc | test_sources | {
         "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
-        "src/lltm/__init__.py", "src/lltm/py.typed", "src/lltm_cuda/__init__.py",
+        "src/lltm/__init__.py", "src/lltm/_C.py", "src/lltm/py.typed",
+        "src/lltm_cuda/__init__.py", "src/lltm_cuda/_C.py",
     }  # fmt: skip
     missing = sorted(required - members)
     assert not missing, f"the sdist lacks {missing}"

@@ -1,8 +1,8 @@
 """Build script: the one place that decides which variant of lltm is built.
 
     LLTM_VARIANT=cpu  (default)  ->  distribution ``lltm``: the Python package
-                                     and the CPU library lltm/_C (op schemas +
-                                     CPU kernels).
+                                     and the CPU library lltm/lib/lltm_cpu
+                                     (op schemas + CPU kernels).
     LLTM_VARIANT=cuda            ->  distribution ``lltm-cuda<major>``: the
                                      import package lltm_cuda<major> holding
                                      only the CUDA kernels, named after the
@@ -10,10 +10,11 @@
                                      lltm version.
 
 Both variants are built against the LibTorch stable ABI with
-TORCH_TARGET_VERSION = torch 2.10 and the CPython limited API, so a single
-cp310-abi3 wheel per platform serves every CPython >= 3.10 and torch >= 2.10.
-The choice never depends on torch.cuda.is_available(): build machines have
-no GPU.
+TORCH_TARGET_VERSION = torch 2.10, and their libraries use no CPython API
+(csrc/lltm_library.h; Python loads them with torch.ops.load_library), so a
+single py3-none-<platform> wheel per platform serves every CPython >= 3.10,
+free-threaded 3.14t included, and every torch >= 2.10. The choice never
+depends on torch.cuda.is_available(): build machines have no GPU.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import warnings
 from pathlib import Path
-
-from setuptools import find_packages, setup
 
 with warnings.catch_warnings():
     # Without numpy, importing torch warns "Failed to initialize NumPy". The
@@ -34,6 +34,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     from torch.utils import cpp_extension
 
+from setuptools import Extension, find_packages, setup
+from setuptools.command.bdist_wheel import bdist_wheel
+
 ROOT = Path(__file__).parent.resolve()
 VERSION_FILE = (ROOT / "src/lltm/_version.py").read_text()
 VERSION = re.search(r'__version__ = "([^"]+)"', VERSION_FILE).group(1)
@@ -41,7 +44,9 @@ VARIANT = os.environ.get("LLTM_VARIANT", "cpu").strip().lower()
 
 # Oldest torch the binaries must load in (0xMMmmpp...: 2.10.0).
 TORCH_TARGET_VERSION = "0x020a000000000000"
-PY_LIMITED_API = "0x030A0000"  # CPython 3.10
+# The libraries' file suffix: what the dynamic loader takes (lltm/_native.py
+# looks for the same name).
+LIBRARY_SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 
 # GPUs compiled for when TORCH_CUDA_ARCH_LIST is unset, with the newest
 # toolkit of each CUDA major: Volta/Turing to Blackwell, plus PTX of the
@@ -65,10 +70,7 @@ def default_arch_list(major: int, minor: int) -> str:
     return ";".join([*known[:-1], known[-1] + "+PTX"])
 
 
-MACROS = [
-    ("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION),
-    ("Py_LIMITED_API", PY_LIMITED_API),
-]
+MACROS = [("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION)]
 # C++ flags per compiler family: torch.utils.cpp_extension passes
 # extra_compile_args["cxx"] to whichever compiler builds the extension, and
 # MSVC ignores GCC's spellings (warning D9002). The standard is always given:
@@ -81,7 +83,6 @@ CXX_FLAGS = {
     "msvc": ["/O2", "/std:c++17"],
 }
 BUILD_OPTIONS = {
-    "bdist_wheel": {"py_limited_api": "cp310"},
     # One build tree per variant: a wheel never picks up the other's files.
     "build": {"build_base": f"build/{VARIANT}"},
 }
@@ -99,7 +100,8 @@ CLASSIFIERS = [
 
 class BuildExtension(cpp_extension.BuildExtension):
     """torch's BuildExtension, adding the C++ flags of the compiler in use,
-    which is only known once the build runs."""
+    which is only known once the build runs, and building plain libraries
+    (lib/<name>.so or .dll) rather than Python extension modules."""
 
     def build_extensions(self) -> None:
         family = "msvc" if self.compiler.compiler_type == "msvc" else "unix"
@@ -110,6 +112,38 @@ class BuildExtension(cpp_extension.BuildExtension):
             ext.extra_compile_args = args
         super().build_extensions()
 
+    def get_ext_filename(self, fullname: str) -> str:
+        # lltm.lib.lltm_cpu -> lltm/lib/lltm_cpu.so, with no interpreter tag:
+        # the file is not bound to one Python.
+        return os.path.join(*fullname.split(".")) + LIBRARY_SUFFIX
+
+    def get_export_symbols(self, ext: Extension) -> list[str]:
+        # No PyInit_<name>: the sources mark what they export (LLTM_EXPORT).
+        return []
+
+    def copy_extensions_to_source(self) -> None:
+        # --inplace: lib/ is no package of the source tree, so may not exist.
+        for ext in self.extensions:
+            Path(self.get_ext_fullpath(ext.name)).parent.mkdir(parents=True, exist_ok=True)
+        super().copy_extensions_to_source()
+
+
+class BdistWheel(bdist_wheel):
+    """Tags the wheel py3-none-<platform>: its libraries use no CPython API,
+    so every Python 3 interpreter that torch supports loads them."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, platform_tag = super().get_tag()
+        return "py3", "none", platform_tag
+
+
+def native_library(ext: Extension) -> Extension:
+    """`ext` linked against no Python library: torch's helpers add
+    torch_python (its Python bindings) unless py_limited_api is set, and
+    py_limited_api would add a CPython macro and an .abi3 name."""
+    ext.libraries = [lib for lib in ext.libraries if lib != "torch_python"]
+    return ext
+
 
 def readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
@@ -117,7 +151,7 @@ def readme() -> str:
 
 def cpu_variant() -> dict:
     ext = cpp_extension.CppExtension(
-        "lltm._C",
+        "lltm.lib.lltm_cpu",
         sources=[
             "csrc/lltm_ops.cpp",
             "csrc/cpu/lltm_cpu.cpp",
@@ -125,7 +159,6 @@ def cpu_variant() -> dict:
             "csrc/cpu/module.cpp",
         ],
         define_macros=[*MACROS, ("LLTM_VERSION", VERSION)],
-        py_limited_api=True,
     )
     return dict(
         name="lltm",
@@ -133,7 +166,7 @@ def cpu_variant() -> dict:
         packages=find_packages("src", include=["lltm", "lltm.*"]),
         package_dir={"": "src"},
         package_data={"lltm": ["py.typed"]},
-        ext_modules=[ext],
+        ext_modules=[native_library(ext)],
         install_requires=["torch>=2.10"],
         extras_require={
             "cuda": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
@@ -182,7 +215,7 @@ def cuda_variant() -> dict:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_arch_list(major, minor))
     package = f"lltm_cuda{major}"
     ext = cpp_extension.CUDAExtension(
-        f"{package}._C",
+        f"{package}.lib.lltm_cuda",
         sources=[
             "csrc/cuda/lltm_cuda.cu",
             "csrc/cuda/lltm_cuda_sequence.cu",
@@ -205,7 +238,6 @@ def cuda_variant() -> dict:
             # No --use_fast_math: the float64 path must stay IEEE double.
             "nvcc": ["-O3", "-std=c++17", "-lineinfo"],
         },
-        py_limited_api=True,
     )
     # CUDAExtension links c10, torch and c10_cuda too; the plugin calls only
     # the C shims of libtorch_cpu and libtorch_cuda (aoti_torch_cuda_addmm_out,
@@ -235,7 +267,7 @@ setup(
     url="https://github.com/lltm/lltm",
     python_requires=">=3.10",
     classifiers=CLASSIFIERS,
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExtension, "bdist_wheel": BdistWheel},
     options=BUILD_OPTIONS,
     zip_safe=False,
     **VARIANTS[VARIANT](),
