@@ -242,6 +242,27 @@ def slow(session: nox.Session) -> None:
     session.run("pytest", "-m", "slow", *session.posargs)
 
 
+@nox.session(python=PYTHONS[0])
+def aarch64(session: nox.Session) -> None:
+    """lltm on linux-aarch64 from an x86-64 Linux machine with nothing prepared
+    (packaging/emulated_aarch64.py; needs root or sudo): host tools from apt,
+    an arm64 Debian root with torch's aarch64 wheel (cached in
+    LLTM_ARM64_CACHE), the arm64 sources through GCC and Clang with warnings
+    as errors and their NEON code checked, the CPU wheel cross-compiled, and
+    the core of the test suite on an emulated Neoverse N1. Flags after
+    ``--`` go to pytest."""
+    # setup.py runs here, with this torch's headers (the wheel links against
+    # the root's arm64 torch of the same release).
+    session.install(
+        f"torch=={BUILD_TORCH}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
+    )
+    wheels = Path(session.create_tmp()) / "wheels"
+    session.run(
+        "python", "packaging/emulated_aarch64.py", "--wheel-dir", str(wheels),
+        *(["--", *session.posargs] if session.posargs else []),
+    )  # fmt: skip
+
+
 # --- Wheels -----------------------------------------------------------------
 # ``nox -s build`` puts both variants into dist/; ``nox -s wheel`` tests them
 # the way cibuildwheel's test-command does. Tag: ``nox -t wheels``.
