@@ -51,6 +51,7 @@ from torch.autograd.function import _SingleLevelFunction
 
 from .. import _composite
 from . import tangents
+from .errors import typed
 from .library import (
     backward,
     below_autograd,
@@ -58,7 +59,6 @@ from .library import (
     sequence_backward,
     sequence_forward,
     sequence_gate_grads,
-    typed,
 )
 
 
@@ -124,7 +124,7 @@ def _backward_op(op: Any, *args: Any) -> Any:
         with below_autograd():
             return op(*args)
     except RuntimeError as error:
-        raise typed(error) from None
+        raise typed(error, op, args) from None
     finally:
         _within_backward.active = previous
 
@@ -243,15 +243,18 @@ def _forward_kernel(
     op: Any, function: type[_SingleLevelFunction], composite: Callable[..., Any]
 ) -> Callable[..., Any]:
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
-        if torch._C._are_functorch_transforms_active() and _nested_differentiation():
-            # Derivatives of derivatives under torch.func (see the module's
-            # docstring): the plain-torch formulas.
-            return composite(*args)
-        if differentiating(args):
-            with enable_single_level_autograd_function():
-                return function.apply(*args)
-        with below_autograd():
-            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        try:
+            if torch._C._are_functorch_transforms_active() and _nested_differentiation():
+                # Derivatives of derivatives under torch.func (see the
+                # module's docstring): the plain-torch formulas.
+                return composite(*args)
+            if differentiating(args):
+                with enable_single_level_autograd_function():
+                    return function.apply(*args)
+            with below_autograd():
+                return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        except RuntimeError as error:
+            raise typed(error, op, args) from None
 
     return kernel
 
@@ -260,8 +263,11 @@ def _backward_kernel(op: Any, math: Callable[..., Any]) -> Callable[..., Any]:
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
         if differentiating(args) and not getattr(_within_backward, "active", False):
             return math(*args)
-        with below_autograd():
-            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        try:
+            with below_autograd():
+                return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        except RuntimeError as error:
+            raise typed(error, op, args) from None
 
     return kernel
 

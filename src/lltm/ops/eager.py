@@ -21,7 +21,8 @@ from torch import Tensor
 from .. import _backends, _composite
 from . import autocast
 from .autograd import CellFunction, SequenceFunction
-from .library import below_autograd, forward, sequence_forward, typed
+from .errors import typed
+from .library import below_autograd, forward, sequence_forward
 
 
 def _plain_eager(device_type: str) -> bool:
@@ -64,7 +65,7 @@ def cell(
             with below_autograd():
                 new_h, new_cell, _gates = forward(*args)
     except RuntimeError as error:
-        raise typed(error) from None
+        raise typed(error, forward, args) from None
     return new_h, new_cell
 
 
@@ -93,4 +94,4 @@ def sequence(
         with below_autograd():
             return sequence_forward(*args)[:3]
     except RuntimeError as error:
-        raise typed(error) from None
+        raise typed(error, sequence_forward, args) from None

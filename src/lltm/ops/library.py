@@ -1,4 +1,4 @@
-"""The compiled library and handles on its four operators.
+"""The compiled library and handles on its five operators.
 
 Importing ``lltm._C`` runs its static initialisers: they declare the op
 schemas (csrc/lltm_ops.cpp) and register the CPU kernels. Everything else in
@@ -26,15 +26,3 @@ sequence_gate_grads = torch.ops.lltm.sequence_gate_grads.default
 # must; private to torch, so degrade to a plain (slower, equally correct)
 # call should it ever go away.
 below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", contextlib.nullcontext)
-
-
-def typed(error: RuntimeError) -> RuntimeError:
-    """The error to raise for a kernel's RuntimeError: a CUDA out-of-memory
-    as torch.OutOfMemoryError, which tools that shrink a batch on memory
-    pressure catch (no exception type crosses the stable ABI, torch's text
-    does: csrc/lltm_errors.h); anything else as it is."""
-    if "out of memory" in str(error) and not isinstance(error, torch.OutOfMemoryError):
-        converted = torch.OutOfMemoryError(str(error))
-        converted.__cause__ = error
-        return converted
-    return error
