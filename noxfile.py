@@ -96,6 +96,14 @@ def _source_copy(session: nox.Session) -> Path:
     return target
 
 
+# Downloaded torch wheels, kept across sessions and runs: a CUDA build of
+# torch is gigabytes, several sessions install the same one, and pip's own
+# cache does not keep such downloads on every machine.
+TORCH_WHEELHOUSE = Path(
+    os.environ.get("LLTM_TORCH_WHEELHOUSE", Path.home() / ".cache" / "lltm" / "torch-wheels")
+)
+
+
 def install_torch(
     session: nox.Session,
     version: str,
@@ -103,16 +111,49 @@ def install_torch(
     python: str = "python",
     env: dict[str, str] | None = None,
 ) -> None:
-    """``torch==version`` (and ``others``) into the session's environment, or
-    into the one whose interpreter is ``python``.
+    """``torch==version``, then ``others`` beside it, into the session's
+    environment or into the one whose interpreter is ``python``; fails unless
+    that torch is what the environment has at the end.
 
-    Always pinned. A pip configuration may cap torch below the newest release
-    (the development machines' does, at the release their local mirror
-    holds): PIP_CONSTRAINT lifts the cap for this one command, where the pin
-    says exactly what comes."""
+    torch is pinned in every command, so that nothing installed later (lltm
+    requires torch) replaces it: a pip configuration may cap torch below the
+    newest release (the development machines' does, at the release their
+    local mirror holds), and pip would otherwise "fix" a newer torch by
+    installing the capped one. PIP_CONSTRAINT lifts the cap for these
+    commands, where the pin says exactly what comes. torch and what it needs
+    come through TORCH_WHEELHOUSE (LLTM_TORCH_WHEELHOUSE): pip downloads only
+    the files it lacks, then installs from it alone."""
     env = {**(env or {}), "PIP_CONSTRAINT": os.devnull}
-    args = ["-m", "pip", "install", "--quiet", f"torch=={version}", *others]
-    session.run(python, *args, env=env, external=python != "python")
+    external = python != "python"
+    wheelhouse = str(TORCH_WHEELHOUSE / version)
+    pip = [python, "-m", "pip"]
+    # One torch wheel per CPython version; a marker per interpreter says the
+    # wheelhouse holds everything it needs (pip's check alone takes ~30 s).
+    tag = session.run(
+        python, "-c", "import sys; print(sys.implementation.cache_tag)",
+        env=env, external=external, silent=True,
+    ).strip()  # fmt: skip
+    complete = TORCH_WHEELHOUSE / version / f".complete-{tag}"
+    if not complete.exists():
+        session.run(
+            *pip, "download", "--quiet", "--dest", wheelhouse, f"torch=={version}",
+            env=env, external=external,
+        )  # fmt: skip
+        complete.touch()
+    session.run(
+        *pip, "install", "--quiet", "--no-index", "--find-links", wheelhouse, f"torch=={version}",
+        env=env, external=external,
+    )  # fmt: skip
+    if others:
+        session.run(
+            *pip, "install", "--quiet", f"torch=={version}", *others, env=env, external=external
+        )
+    found = session.run(
+        python, "-c", "import torch; print(torch.__version__)",
+        env=env, external=external, silent=True,
+    ).split()[-1]  # fmt: skip
+    if found.split("+")[0] != version:
+        session.error(f"torch {found} installed where torch {version} was asked for")
 
 
 def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
@@ -137,7 +178,7 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
 def tests(session: nox.Session, torch: str) -> None:
     """Builds lltm against the given torch and runs the test suite."""
     wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, torch, str(wheel), *_group("test"))
     session.run("python", "-m", "lltm", "info")
     session.run("pytest", "-m", "not slow", *session.posargs)
 
@@ -149,24 +190,17 @@ def compat(session: nox.Session) -> None:
     loads there, and installed unchanged under the newest Python with the
     newest torch passes the test suite."""
     wheel = build_wheel(session, OLDEST_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, OLDEST_TORCH, str(wheel), *_group("test"))
     session.run("python", "-m", "lltm", "info")
     session.run("pytest", "-p", "no:cacheprovider", "tests/test_smoke.py", *session.posargs)
     python, env = _fresh_env(
         session, f"py{NEWEST_PYTHON}-venv", interpreter=f"python{NEWEST_PYTHON}"
     )
-    install_torch(session, NEWEST_TORCH, python=python, env=env)
-    session.run(
-        python, "-m", "pip", "install", "--quiet", str(wheel), *_group("test"),
-        env=env, external=True,
-    )  # fmt: skip
+    install_torch(session, NEWEST_TORCH, str(wheel), *_group("test"), python=python, env=env)
     found = session.run(
-        python, "-c", "import sys, torch; print(sys.version_info[:2], torch.__version__)",
-        env=env, external=True, silent=True,
-    )  # fmt: skip
-    expected_python = str(tuple(map(int, NEWEST_PYTHON.split("."))))
-    assert found.split()[:2] == expected_python.split(), found
-    assert found.split()[-1].split("+")[0] == NEWEST_TORCH, found
+        python, "-c", "import sys; print(sys.version_info[:2])", env=env, external=True, silent=True
+    )
+    assert found.strip() == str(tuple(map(int, NEWEST_PYTHON.split(".")))), found
     session.run(python, "-m", "lltm", "info", env=env, external=True)
     session.run(python, "-m", "pytest", "-m", "not slow", *session.posargs, env=env, external=True)
 
@@ -177,7 +211,7 @@ def fuzz(session: nox.Session) -> None:
     long profile: 10,000 calls. Prints the worst error per dtype and leaves it
     as JSON in .nox/fuzz/tmp/fuzz-report.json."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     report = Path(session.create_tmp()) / "fuzz-report.json"
     # Per-test timeout of this profile: its two tests take about 400 and 560 s
     # on two busy cores (the default, pyproject.toml's, is 900 s).
@@ -196,7 +230,7 @@ def cuda_host(session: nox.Session) -> None:
     and the suites that take conftest.py's ``kernels`` fixture, against them.
     The host build lives in build/cuda_host/ and is never packaged."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     session.run(
         "pytest", "-m", "cuda_host", "-p", "no:cacheprovider", *session.posargs,
         env={"LLTM_CUDA_HOST": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
@@ -221,7 +255,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The main job: ``python -m lltm bench`` (pass its flags after ``--``)."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("bench"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("bench"))
     session.run("python", "-m", "lltm", "bench", *session.posargs)
 
 
@@ -240,7 +274,7 @@ def examples(session: nox.Session) -> None:
     two cores, the build included): tables and plots into examples/results/,
     the tables into examples/README.md. Flags after ``--`` go to both scripts."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("examples"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("examples"))
     results = EXAMPLES / "results"
     # Paths relative to the root (nox runs there): the tables quote the command.
     for script, args in EXAMPLE_RUNS.items():
@@ -273,7 +307,7 @@ def slow(session: nox.Session) -> None:
     LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm) from a
     skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     session.run("pytest", "-m", "slow", *session.posargs)
 
 
@@ -564,17 +598,15 @@ def cibuildwheel(session: nox.Session) -> None:
         (f"test-venv-torch{NEWEST_TORCH}", f"python{NEWEST_PYTHON}", NEWEST_TORCH),
     ):
         python, env = _fresh_env(session, name, interpreter=interpreter)
-        install_torch(session, torch_version, python=python, env=env)
         for variant, config_file in (
             ("cpu", ROOT / "pyproject.toml"),
             ("cuda", CIBW_CUDA_CONFIG),
         ):
             options = _cibw_options(config_file)
             groups = [req for group in options.get("test-groups", []) for req in _group(group)]
-            session.run(
-                python, "-m", "pip", "install", "--quiet", str(repaired[variant]), *groups,
-                env=env, external=True,
-            )  # fmt: skip
+            install_torch(
+                session, torch_version, str(repaired[variant]), *groups, python=python, env=env
+            )
             _run_test_command(session, options, env, ROOT)
 
 
