@@ -105,7 +105,7 @@ class LLTMSequence(torch.nn.Module):
             not an integer of the allowed range, ``dropout`` is not in
             ``[0, 1]``, or ``proj_size`` is not 0.
 
-    Parameters: with one layer and one direction exactly :class:`lltm.LLTM`'s
+    The parameters: with one layer and one direction exactly :class:`lltm.LLTM`'s
     (``weights``, ``bias``, same shapes and initialisation), so state_dicts
     move between the cell and this module unchanged. Otherwise one pair per
     layer ``k`` and direction, named as ``nn.LSTM`` names them:
