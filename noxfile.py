@@ -262,7 +262,7 @@ def docs(session: nox.Session) -> None:
     the README and the pages, and the docstrings' examples, run
     (tests/test_docs.py). Needs no network: no intersphinx."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("docs"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("docs"))
     output = ROOT / "docs" / "_build"
     shutil.rmtree(output, ignore_errors=True)
     session.run(
