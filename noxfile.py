@@ -18,6 +18,9 @@ build (``cibuildwheel``). Knobs:
     LLTM_BUILD_TORCH   torch the CPU wheel of bench, fuzz, examples, ... is
                        built against (default: 2.13.0, the local CPU build)
     LLTM_CUDA_TORCH    CUDA build of torch for the CUDA variant (default: 2.14.1)
+    LLTM_NOX_DISPOSABLE=1  each session deletes its environments when it
+                       passes (CI: a CUDA build of torch is ~6 GB installed,
+                       and a run makes a dozen environments)
 
 and, for CI runners with more Pythons and torch releases than a developer
 machine, a full product instead of the three pairs above:
@@ -29,13 +32,16 @@ machine, a full product instead of the three pairs above:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import sys
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -76,6 +82,22 @@ else:
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.sessions = ["lint", "tests", "compat"]
+
+
+def disposable(func: Callable[..., None]) -> Callable[..., None]:
+    """With LLTM_NOX_DISPOSABLE=1, the session's directory under .nox (its
+    virtualenv, and the build trees and extra environments of its tmp/) is
+    deleted once the session passes; a failed session keeps it to look at."""
+
+    @functools.wraps(func)
+    def run_then_free(session: nox.Session, *args: Any, **kwargs: Any) -> None:
+        func(session, *args, **kwargs)
+        if os.environ.get("LLTM_NOX_DISPOSABLE") == "1":
+            location = Path(session.virtualenv.location)
+            session.log(f"LLTM_NOX_DISPOSABLE: deleting {location}")
+            shutil.rmtree(location, ignore_errors=True)
+
+    return run_then_free
 
 
 def _group(name: str) -> list[str]:
@@ -175,6 +197,7 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
 
 @nox.session(tags=["tests"])
 @nox.parametrize(("python", "torch"), TEST_MATRIX)
+@disposable
 def tests(session: nox.Session, torch: str) -> None:
     """Builds lltm against the given torch and runs the test suite."""
     wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
@@ -184,6 +207,7 @@ def tests(session: nox.Session, torch: str) -> None:
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"])
+@disposable
 def compat(session: nox.Session) -> None:
     """One binary across both ranges: the cp310-abi3 wheel built under the
     oldest Python against the oldest torch (the release builds do the same)
@@ -206,6 +230,7 @@ def compat(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def fuzz(session: nox.Session) -> None:
     """Differential fuzzing against the reference (tests/test_fuzz.py), the
     long profile: 10,000 calls. Prints the worst error per dtype and leaves it
@@ -224,6 +249,7 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def cuda_host(session: nox.Session) -> None:
     """lltm's CUDA sources built for the host and run on CPU tensors
     (tests/cuda_host.py): the emulation's own tests (tests/test_cuda_host.py)
@@ -238,6 +264,7 @@ def cuda_host(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def lint(session: nox.Session) -> None:
     """ruff (lint, docstrings, format check), mypy --strict on src/ (lltm ships
     py.typed) and clang-format (check) on csrc/."""
@@ -256,6 +283,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def docs(session: nox.Session) -> None:
     """The documentation site into docs/_build/html, from the installed wheel,
     with warnings as errors and every cross-reference checked; then the code of
@@ -320,6 +348,7 @@ def _splice(text: str, name: str, content: str) -> str:
 
 
 @nox.session(python=PYTHONS[0], tags=["tests"])
+@disposable
 def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
     wheels built and installed next to real CPU-only and CUDA torches. Their
@@ -329,7 +358,11 @@ def slow(session: nox.Session) -> None:
     skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
-    session.run("pytest", "-m", "slow", *session.posargs)
+    env = {}
+    if os.environ.get("LLTM_NOX_DISPOSABLE") == "1" and "LLTM_TEST_VENV_CACHE" not in os.environ:
+        # Freed with the session rather than kept for the next run.
+        env["LLTM_TEST_VENV_CACHE"] = str(Path(session.create_tmp()) / "test-venvs")
+    session.run("pytest", "-m", "slow", *session.posargs, env=env)
 
 
 # --- Wheels -----------------------------------------------------------------
@@ -549,6 +582,7 @@ def _built_or_reused(session: nox.Session, variant: str, outdir: Path) -> Path:
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
+@disposable
 def cibuildwheel(session: nox.Session) -> None:
     """cibuildwheel's steps for both variants, here: build, repair, audit, test.
 
@@ -629,9 +663,12 @@ def cibuildwheel(session: nox.Session) -> None:
                 session, torch_version, str(repaired[variant]), *groups, python=python, env=env
             )
             _run_test_command(session, options, env, ROOT)
+        # One CUDA build of torch at a time on the disk.
+        shutil.rmtree(Path(env["VIRTUAL_ENV"]), ignore_errors=True)
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
+@disposable
 def sdist(session: nox.Session) -> None:
     """The sdist holds every file of csrc/, and a wheel built from it passes the smoke tests."""
     session.install(
