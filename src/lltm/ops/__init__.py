@@ -21,7 +21,7 @@ eager.py        :func:`cell` and :func:`sequence`, the Python entry points
 
 from __future__ import annotations
 
-from . import autocast, autograd, fake, vmap  # noqa: F401  (registrations)
+from . import autocast, autograd, decompositions, fake, vmap  # noqa: F401  (registrations)
 from .eager import cell, sequence
 from .library import backward, forward, sequence_backward, sequence_forward
 
