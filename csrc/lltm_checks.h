@@ -1,9 +1,10 @@
 // Argument validation shared by every backend.
 //
 // Each check runs before any kernel and throws std::invalid_argument with a
-// short message naming the offending argument and what was expected. The
-// Python fake kernels (src/lltm/ops.py) raise the same messages, so eager and
-// torch.compile runs fail alike.
+// short message naming the offending argument and what was expected.
+// src/lltm/_checks.py makes the same checks with the same messages for the
+// fake kernels (src/lltm/ops/fake.py) and the composite kernel, so eager,
+// torch.compile and fallback runs fail alike.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

@@ -115,8 +115,9 @@ def modules() -> tuple[ModuleType, ModuleType]:
         pytest.skip("csrc/cuda_host/ is not in this tree: the host build needs the sources")
     library = _build()
     # No autograd formula of their own: at the Autograd key they let the call
-    # through, as lltm's backward ops do (src/lltm/ops.py), so that a kernel
-    # sees the same dispatcher state through lltm's ops as on a GPU.
+    # through, so that a kernel sees the dispatcher state it sees on a GPU,
+    # below lltm's own Autograd kernels (src/lltm/ops/autograd.py), which
+    # redispatch past that key.
     autograd = torch.library.Library(NAMESPACE, "IMPL")
     for op in OPS:
         autograd.impl(op, torch.library.fallthrough_kernel, "Autograd")

@@ -1,4 +1,5 @@
-// CPU implementation of lltm::sequence_forward and lltm::sequence_backward.
+// CPU implementation of lltm::sequence_forward, lltm::sequence_backward and
+// lltm::sequence_gate_grads (the backward's loop through time alone).
 //
 // Structure, mirrored by csrc/cuda/lltm_cuda_sequence.cu function for function:
 //   forward:  gates = input @ W_x^T for all steps at once (one GEMM, straight
@@ -16,11 +17,12 @@
 //             the way.
 // Steps run on a running state: step t updates its first batch_sizes[t]
 // rows, the others keep theirs, which is what a PackedSequence needs in both
-// directions (lltm_ops.cpp). The per-step products are the packed kernel of
-// lltm_cpu_gemm.h where there is one (float and double on AVX2/AVX-512, with
-// W_h packed once per call), torch's GEMM otherwise; with several threads each
-// step's rows are split between them, product and pointwise pass alike, so a
-// step is one parallel region.
+// directions (sequence_forward's contract: src/lltm/ops/library.py). The
+// per-step products are the packed kernel of lltm_cpu_gemm.h where there is
+// one (float and double on AVX2/AVX-512, with W_h packed once per call),
+// torch's GEMM otherwise; with several threads each step's rows are split
+// between them, product and pointwise pass alike, so a step is one parallel
+// region.
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>

@@ -24,8 +24,10 @@ from pathlib import Path
 
 
 def _recorded(library: Path, distribution: str) -> tuple[str, int] | None:
-    """(sha256 digest as RECORD writes it, size) of `library` in the RECORD of
-    an installed `distribution` beside its package, or None."""
+    """(sha256 digest as RECORD writes it, size) of ``library``, or None.
+
+    Read from the RECORD of an installed ``distribution`` beside its package.
+    """
     package_dir = library.parent
     site = package_dir.parent
     name = distribution.replace("-", "_")
@@ -51,8 +53,10 @@ def extension_file(package_dir: Path, stem: str = "_C") -> Path | None:
 
 
 def damage(library: Path, distribution: str) -> str | None:
-    """How `library` differs from what the installer of `distribution`
-    recorded, or None (it matches, or nothing recorded it)."""
+    """How ``library`` differs from what the installer of ``distribution`` recorded.
+
+    None where it matches, or where nothing recorded it.
+    """
     recorded = _recorded(library, distribution)
     if recorded is None:
         return None

@@ -27,6 +27,7 @@ DTYPES = {
 
 
 def pick_device(name: str) -> torch.device:
+    """The device ``--device`` names; ``auto`` is CUDA where lltm's CUDA kernels are active."""
     from .. import _backends
 
     if name == "auto":
@@ -75,8 +76,10 @@ def sizes_of(args: argparse.Namespace) -> list[Size]:
 
 
 def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
-    """Measures every implementation of ``args.impl`` at every size; an
-    implementation that fails is reported as such, not fatal."""
+    """Measures every implementation of ``args.impl`` at every size.
+
+    An implementation that fails is reported as such, not fatal.
+    """
     device = pick_device("cuda" if args.cuda else args.device)
     dtype = torch.float64 if args.double else DTYPES[args.dtype]
     threads = args.threads or torch.get_num_threads()
@@ -136,6 +139,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
 
 
 def kind_of_args(args: argparse.Namespace) -> Kind:
+    """What the arguments time: per-sample gradients, sequences or cell steps."""
     if args.per_sample:
         return PER_SAMPLE
     return SEQUENCE if args.seq_len else CELL
@@ -185,6 +189,7 @@ def _choices(kind: Kind) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of ``lltm bench``."""
     from . import __doc__ as description
 
     p = argparse.ArgumentParser(
@@ -313,6 +318,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``lltm bench`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parse(list(sys.argv[1:] if argv is None else argv))
     results, env = run(args)
     if args.json:

@@ -41,9 +41,11 @@ def speedup(results: Sequence[Result], result: Result, phase: str, against: str)
 
 
 def _comparisons(kind: Kind) -> dict[str, str]:
-    """JSON field name -> implementation compared with. The baseline keeps the
-    name ``speedup_vs_reference`` whatever the case (reference, reference-loop):
-    readers of older files look for it."""
+    """JSON field name -> implementation compared with.
+
+    The baseline keeps the name ``speedup_vs_reference`` whatever the case (reference,
+    reference-loop): readers of older files look for it.
+    """
     fields = {"speedup_vs_reference": kind.baseline}
     if kind.rival:
         fields[f"speedup_vs_{kind.rival.replace('-', '_')}"] = kind.rival
@@ -51,8 +53,10 @@ def _comparisons(kind: Kind) -> dict[str, str]:
 
 
 def _rival(kind: Kind, results: Sequence[Result]) -> str | None:
-    """The rival, if it is among the implementations of the run (timed or
-    failed): tables and plots compare with it only then."""
+    """The rival, if it is among the implementations of the run (timed or failed).
+
+    Tables and plots compare with it only then.
+    """
     return kind.rival if any(r.impl == kind.rival for r in results) else None
 
 
@@ -60,8 +64,10 @@ def _rival(kind: Kind, results: Sequence[Result]) -> str | None:
 
 
 def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
-    """``{"environment": env, "results": [one row per size and implementation]}``;
-    a row has a field per phase its kind times."""
+    """``{"environment": env, "results": [one row per size and implementation]}``.
+
+    A row has a field per phase its kind times.
+    """
     kind = kind_of_env(env)
     comparisons = _comparisons(kind)
     rows = []
@@ -81,8 +87,11 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
-    """Results and environment of a ``--json`` file, such that min() and
-    median() give back the recorded values (speed-ups follow from those)."""
+    """Results and environment of a ``--json`` file.
+
+    Such that min() and median() give back the recorded values (speed-ups
+    follow from those).
+    """
     env = {**OLD_ENVIRONMENT, **report["environment"]}
     results = []
     for row in report["results"]:
@@ -125,6 +134,7 @@ def configuration(env: dict[str, Any]) -> str:
 
 
 def title(env: dict[str, Any]) -> str:
+    """One line that says what was run, where, with which versions."""
     env = {**OLD_ENVIRONMENT, **env}
     where = env.get("gpu") or env["cpu"]
     return (
@@ -145,8 +155,7 @@ def pick_unit(results: Sequence[Result], unit: str) -> str:
 def table_rows(
     results: Sequence[Result], env: dict[str, Any], unit: str = "auto"
 ) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the results table of a run; ``auto`` picks us or ms
-    per cell.
+    """Header and rows of the results table of a run; ``auto`` picks us or ms per cell.
 
     Columns: size (and T for sequences), impl, min / median per phase the
     kind times, speed-ups against the baseline (and the rival, if the kind
@@ -209,6 +218,7 @@ def label_columns(header: Sequence[str]) -> int:
 
 
 def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> None:
+    """Prints the results as a table, with rich where it is installed."""
     header, rows = table_rows(results, env, unit)
     labels = label_columns(header)
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
@@ -239,8 +249,10 @@ def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> No
 
 
 def _axis(sizes: Sequence[Size], batch: str) -> tuple[list[str], str]:
-    """Tick labels and axis label for the points of a run: sizes, lengths or
-    both; ``batch`` names the first dimension of a size."""
+    """Tick labels and axis label for the points of a run.
+
+    Sizes, lengths or both; ``batch`` names the first dimension of a size.
+    """
     if all(s.seq_len is None for s in sizes):
         return [str(s) for s in sizes], f"{batch} x features x state"
     if len({str(s) for s in sizes}) == 1:
@@ -261,8 +273,10 @@ SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", ".")}
 
 
 def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:
-    """Step time per size (or sequence length), and speed-ups against the
-    baseline (and against the rival, if the kind has one and it ran)."""
+    """Step time per size (or sequence length), and speed-ups.
+
+    Against the baseline, and against the rival if the kind has one and it ran.
+    """
     try:
         import matplotlib
     except ImportError as error:
@@ -291,7 +305,7 @@ def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -
         floor = impl == "gemm"
         ax_time.plot(
             xs,
-            [mine[sizes[i]].median("step") * UNITS[unit] for i in xs],
+            [(mine[sizes[i]].median("step") or math.nan) * UNITS[unit] for i in xs],
             "--" if floor else "-",
             marker="o",
             color=colours[impl],

@@ -35,9 +35,11 @@ class Result:
     error: str | None = None
 
     def min(self, phase: str) -> float | None:
+        """The fastest block's seconds per call of ``phase``, or None if it was not timed."""
         return min(self.times[phase]) if self.times.get(phase) else None
 
     def median(self, phase: str) -> float | None:
+        """The median block's seconds per call of ``phase``, or None if it was not timed."""
         values = sorted(self.times.get(phase) or [])
         if not values:
             return None
@@ -87,8 +89,7 @@ def measure(
 
 @contextlib.contextmanager
 def progress(total: int, enabled: bool) -> Iterator[Callable[[str], Callable[[], None]]]:
-    """Yields start(label) -> advance: a rich progress bar over ``total``
-    blocks, or no-ops."""
+    """Yields start(label) -> advance: a rich progress bar over ``total`` blocks, or no-ops."""
 
     def quiet(_label: str) -> Callable[[], None]:
         return lambda: None

@@ -1,5 +1,6 @@
-"""The entry points behind ``lltm.lltm_cell``, ``lltm.lltm_sequence`` and the
-modules: each call takes the fastest path that computes the same thing.
+"""The entry points behind ``lltm.lltm_cell``, ``lltm.lltm_sequence`` and the modules.
+
+Each call takes the fastest path that computes the same thing:
 
 * Plain eager mode (the common case): the Function of autograd.py applied
   directly, or the bare kernel when nothing needs a gradient. This skips a
@@ -21,7 +22,8 @@ from torch import Tensor
 from .. import _backends, _composite
 from . import autocast
 from .autograd import CellFunction, SequenceFunction
-from .library import below_autograd, forward, sequence_forward, typed
+from .errors import typed
+from .library import below_autograd, forward, sequence_forward
 
 
 def _plain_eager(device_type: str) -> bool:
@@ -35,8 +37,8 @@ def _plain_eager(device_type: str) -> bool:
     )
 
 
-def _needs_graph(*args: Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in args)
+def _needs_graph(*args: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
 
 
 def _unfused_gpu(input: Tensor) -> bool:
@@ -44,7 +46,7 @@ def _unfused_gpu(input: Tensor) -> bool:
 
 
 def cell(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor]:
     """One differentiable LLTM step: ``(new_h, new_cell)``."""
     args = (input, weights, bias, old_h, old_cell)
@@ -64,21 +66,23 @@ def cell(
             with below_autograd():
                 new_h, new_cell, _gates = forward(*args)
     except RuntimeError as error:
-        raise typed(error) from None
+        raise typed(error, forward, args) from None
     return new_h, new_cell
 
 
 def sequence(
     input: Tensor,
     weights: Tensor,
-    bias: Tensor,
+    bias: Tensor | None,
     old_h: Tensor,
     old_cell: Tensor,
     batch_sizes: Tensor | None = None,
     reverse: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The cell over a whole sequence, differentiable: ``(output, h_n, c_n)``.
-    Dispatched like :func:`cell`."""
+
+    Dispatched like :func:`cell`.
+    """
     args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
     device_type = input.device.type
     if _unfused_gpu(input):
@@ -93,4 +97,4 @@ def sequence(
         with below_autograd():
             return sequence_forward(*args)[:3]
     except RuntimeError as error:
-        raise typed(error) from None
+        raise typed(error, sequence_forward, args) from None
