@@ -14,7 +14,8 @@ import lltm
 
 pytest.importorskip(
     "executorch",
-    reason="the ExecuTorch tests need executorch for this torch (nox installs it where one exists)",
+    reason="executorch is not installed: the ExecuTorch tests run in nox's tests session of "
+    "torch 2.13.0, which executorch 1.5.1 is built for (pip install --group deploy)",
 )
 from executorch.exir import to_edge_transform_and_lower
 from executorch.runtime import Runtime
@@ -23,17 +24,17 @@ FLOAT32 = {"rtol": 1e-5, "atol": 1e-5}
 
 
 class _Model(torch.nn.Module):
-    """A cell step, then two bidirectional layers over a batch_first input
-    from the state the cell left."""
+    """A cell step, then a bidirectional layer over a batch_first input from
+    the state the cell left."""
 
     def __init__(self) -> None:
         super().__init__()
         self.cell = lltm.LLTM(4, 6)
-        self.rnn = Sequence(num_layers=2, batch_first=True, bidirectional=True)
+        self.rnn = Sequence(batch_first=True, bidirectional=True)
 
     def forward(self, x, h, c):
         h, c = self.cell(x[:, 0], (h, c))
-        state = (h.expand(4, -1, -1).contiguous(), c.expand(4, -1, -1).contiguous())
+        state = (h.expand(2, -1, -1).contiguous(), c.expand(2, -1, -1).contiguous())
         return (h, *self.rnn(x, state))
 
 
@@ -58,15 +59,13 @@ def _model() -> _Model:
     return _Model().eval()
 
 
-@pytest.mark.parametrize(
-    "dynamic", ["fixed", "length", "batch"], ids=["fixed", "dynamic_length", "dynamic_batch"]
-)
+# A fixed shape is one of the sizes each of these programs runs.
+@pytest.mark.parametrize("dynamic", ["length", "batch"], ids=["dynamic_length", "dynamic_batch"])
 def test_pte_runs_in_executorch_with_eagers_results(dynamic, tmp_path):
     model = _model()
     batch, steps = Dim("batch", min=1, max=16), Dim("steps", min=1, max=128)
     shapes, sizes = {
-        "fixed": (None, [(3, 5)]),
-        "length": (({1: steps}, None, None), [(3, 5), (3, 1), (3, 40)]),
+        "length": (({1: steps}, None, None), [(3, 5), (3, 1), (3, 2), (3, 33)]),
         "batch": (({0: batch}, {0: batch}, {0: batch}), [(3, 5), (1, 5), (9, 5)]),
     }[dynamic]
     method = _lower(model, shapes, tmp_path)

@@ -13,7 +13,10 @@ from torch.export import Dim
 
 import lltm
 
-_WHY = "the ONNX tests need the deploy dependency group (pip install --group deploy)"
+_WHY = (
+    "onnx, onnxscript and onnxruntime are not installed: the ONNX tests run in nox's tests "
+    "session of torch 2.13.0 (elsewhere: pip install --group deploy)"
+)
 onnx = pytest.importorskip("onnx", reason=_WHY)
 pytest.importorskip("onnxscript", reason=_WHY)
 ort = pytest.importorskip("onnxruntime", reason=_WHY)
@@ -50,16 +53,14 @@ def test_plain_export_runs_in_onnxruntime(name, tmp_path):
         _assert_outputs(_run(_session(tmp_path / "model.onnx"), inputs), model(*inputs))
 
 
-@pytest.mark.parametrize(
-    "name", ["sequence_layers_bidirectional_state", "sequence_batch_first", "functional"]
-)
+@pytest.mark.parametrize("name", ["sequence_layers_bidirectional_state", "sequence_batch_first"])
 def test_one_file_runs_every_length_and_batch(name, tmp_path):
     model, case = make(name), CASES[name]
     shapes = case.dynamic_shapes(*_dims())
     torch.onnx.export(model, case.inputs(5, 3), tmp_path / "model.onnx", dynamic_shapes=shapes)
     session = _session(tmp_path / "model.onnx")
     with torch.no_grad():
-        for steps, batch in [(5, 3), (1, 1), (2, 8), (20, 5)]:
+        for steps, batch in [(5, 3), (1, 1), (2, 8), (7, 3), (33, 5)]:
             inputs = case.inputs(steps, batch)
             _assert_outputs(_run(session, inputs), model(*inputs))
         # Longer: float32 rounding, the kernels' and onnxruntime's alike, grows
