@@ -179,7 +179,9 @@ def tests(session: nox.Session, torch: str) -> None:
     """Builds lltm against the given torch and runs the test suite."""
     wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
     deploy = _runs_deploy_tests(session.python, torch)
-    install_torch(session, torch, str(wheel), *_group("test"), *(_group("deploy") if deploy else []))
+    install_torch(
+        session, torch, str(wheel), *_group("test"), *(_group("deploy") if deploy else [])
+    )
     session.run("python", "-m", "lltm", "info")
     if not deploy:
         session.log(DEPLOY_TESTS_ELSEWHERE)

@@ -1,16 +1,16 @@
 """lltm and nn.LSTM exported to ONNX, timed in onnxruntime side by side.
 
 Each model is one recurrent layer over T steps, exported with a plain
-``torch.onnx.export(model, (x,), path)``, as a user would (nn.LSTM becomes
-onnxruntime's fused LSTM operator; lltm's sequence becomes its input
-projection and then the steps, unrolled for the fixed length). lltm is also
-exported once more with a dynamic batch and length, the file that runs every
-length (an ONNX Scan over the steps). The sessions run with one thread and
-are timed interleaved, so that the machine's load falls on all alike;
-medians in milliseconds.
+``torch.onnx.export(model, (x,), path)``, as a user would: nn.LSTM becomes
+ONNX's LSTM operator (one fused kernel in onnxruntime), lltm's sequence its
+input projection of all steps (one MatMul) and then an ONNX Scan over the
+steps. lltm is also exported once more with a dynamic batch and length, the
+file that runs every length (nn.LSTM's export cannot: it fixes the length).
+The sessions run with one thread and are timed interleaved, so that the
+machine's load falls on all alike; medians in milliseconds.
 
-    python benchmarks/onnxruntime_speed.py                 # the bench's sizes, T = 50
-    python benchmarks/onnxruntime_speed.py --rounds 200 --sizes 16,32,128
+    python benchmarks/onnxruntime_speed.py                 # the bench's two sizes, T = 50
+    python benchmarks/onnxruntime_speed.py --sizes 16,32,128 --rounds 300
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def test_plain_export_runs_in_onnxruntime(name, tmp_path):
         _assert_outputs(_run(_session(tmp_path / "model.onnx"), inputs), model(*inputs))
 
 
-@pytest.mark.parametrize("name", ["sequence_layers_bidirectional_state", "sequence_batch_first"])
+@pytest.mark.parametrize("name", ["sequence_layers_bidirectional_state", "functional"])
 def test_one_file_runs_every_length_and_batch(name, tmp_path):
     model, case = make(name), CASES[name]
     shapes = case.dynamic_shapes(*_dims())

@@ -52,9 +52,11 @@ def forward(
 
 def gate_slices(pre: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The input, output and candidate columns of (..., 3S) pre-activations.
+
     Three slices rather than a split (chunk): lowered for ExecuTorch (1.5),
     a split of a tensor whose batch size is dynamic fixes that size (the
-    program then fails on any other), or fails to_executorch ahead of a scan."""
+    program then fails on any other), or fails to_executorch ahead of a scan.
+    """
     state = pre.shape[-1] // 3
     return pre[..., :state], pre[..., state : 2 * state], pre[..., 2 * state :]
 
@@ -62,9 +64,11 @@ def gate_slices(pre: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def step_forward(
     pre_i: Tensor, pre_o: Tensor, pre_g: Tensor, old_cell: Tensor, math: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The pointwise part of one step, in the math type, from its three
-    pre-activations: (new_h, new_cell, input gate, output gate), the gates
-    activated."""
+    """The pointwise part of one step, in the math type.
+
+    From its three pre-activations: (new_h, new_cell, input gate, output
+    gate), the gates activated.
+    """
     i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
     new_cell = old_cell.to(math) + g * i
     new_h = torch.tanh(new_cell) * o

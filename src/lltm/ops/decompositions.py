@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -65,7 +66,7 @@ from .library import forward, sequence_forward
 try:  # torch's scan, a prototype in torch 2.10-2.15; its operator takes closures explicitly.
     from torch._higher_order_ops.scan import scan_op
 except ImportError:  # pragma: no cover - every torch lltm supports has it
-    scan_op = None
+    scan_op = None  # type: ignore[assignment]
 
 
 def _cell(
@@ -114,13 +115,15 @@ def _sequence(
 def _step(
     h: Tensor, c: Tensor, x_t: Tensor, w_h_t: Tensor, dtype: torch.dtype, split: bool
 ) -> tuple[Tensor, Tensor]:
-    """One step from its input projection ``x_t``: (new_h, new_cell). The
-    gates come apart by a split (one node in ONNX, where slices are three)
-    when ``split``, else by slices (see _composite.gate_slices)."""
+    """One step from its input projection ``x_t``: (new_h, new_cell).
+
+    The gates come apart by a split (one node in ONNX, where slices are
+    three) when ``split``, else by slices (see _composite.gate_slices).
+    """
     math = x_t.dtype
     pre = _rounded(torch.addmm(x_t, h.to(math), w_h_t), dtype)
-    pieces = pre.chunk(3, dim=-1) if split else _composite.gate_slices(pre)
-    new_h, new_c, _, _ = _composite.step_forward(*pieces, c, math)
+    pre_i, pre_o, pre_g = pre.chunk(3, dim=-1) if split else _composite.gate_slices(pre)
+    new_h, new_c, _, _ = _composite.step_forward(pre_i, pre_o, pre_g, c, math)
     return new_h.to(dtype), new_c.to(dtype)
 
 
@@ -152,8 +155,7 @@ def _scanned(
     reverse: bool,
     dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The steps as one scan, which runs any number of steps (an ONNX Scan,
-    an ExecuTorch loop)."""
+    """The steps as one scan: any number of steps (an ONNX Scan, an ExecuTorch loop)."""
     if scan_op is None:  # pragma: no cover - every torch lltm supports has it
         raise RuntimeError("lltm: this torch has no scan operator to lower a dynamic length with")
     if not isinstance(old_h.shape[0], int) and _lowering_for_executorch():
@@ -177,7 +179,7 @@ def _scanned(
 
 def _lowering_for_executorch() -> bool:
     """Whether ExecuTorch (to_edge) is lowering the program being traced."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__", "").startswith("executorch."):
             return True
@@ -186,8 +188,11 @@ def _lowering_for_executorch() -> bool:
 
 
 def _rounded(pre: Tensor, dtype: torch.dtype) -> Tensor:
-    """Pre-activations computed in float32 for a 16-bit input, rounded once to
-    it as the kernels round them; unchanged otherwise."""
+    """Pre-activations of a 16-bit input, rounded once to it as the kernels round them.
+
+    They are computed in float32; pre-activations of other inputs are
+    returned unchanged.
+    """
     return pre if pre.dtype == dtype else pre.to(dtype).to(pre.dtype)
 
 
@@ -200,8 +205,11 @@ def _gates_and_cells(
     reverse: bool,
     dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
-    """What the sequence's backward reads, from the outputs, for all steps at
-    once: the state each step read is the output of the step before it."""
+    """What the sequence's backward reads (gates, cells), for all steps at once.
+
+    From the outputs: the state each step read is the output of the step
+    before it.
+    """
     math = projected.dtype
     first = old_h.unsqueeze(0)
     h_prev = torch.cat([output[1:], first]) if reverse else torch.cat([first, output[:-1]])
@@ -221,9 +229,11 @@ _IMPLICIT = DispatchKey.CompositeImplicitAutograd
 
 
 def _in_table(*args: Any) -> Any:
-    """The Python CompositeImplicitAutograd kernel of lltm's forward
-    operators: puts them in torch.export's default decomposition table, and
-    declines wherever it is called (see the module's docstring)."""
+    """The Python CompositeImplicitAutograd kernel of lltm's forward operators.
+
+    It puts them in torch.export's default decomposition table, and declines
+    wherever it is called (see the module's docstring).
+    """
     _leave_to_inductor()
     return NotImplemented
 
@@ -236,7 +246,8 @@ def _leave_to_inductor() -> None:
     The entries decline, so Inductor keeps the operator and calls it as a
     fallback kernel, but it refuses a fallback for an operator its table
     decomposes. Inductor's tracing calls an entry before it lowers the graph,
-    so removing them here comes in time."""
+    so removing them here comes in time.
+    """
     inductor = sys.modules.get("torch._inductor.decomposition")
     if inductor is None:
         return
@@ -250,13 +261,16 @@ def _leave_to_inductor() -> None:
 
 
 def _installed_entry(op: Any) -> Callable[..., Any] | None:
-    """The table entry run_decompositions has installed for ``op`` while it
-    retraces a program, or None outside one. It installs the entry as the
+    """The table entry run_decompositions installed for ``op``, or None.
+
+    While it retraces a program, run_decompositions installs the entry as the
     CompositeImplicitAutograd kernel and the original one at each backend key,
-    where lltm registers no Python kernel of its own."""
+    where lltm registers no Python kernel of its own; outside, None.
+    """
     if DispatchKey.CPU not in op.py_kernels:
         return None
-    return op.py_kernels.get(_IMPLICIT)
+    entry: Callable[..., Any] | None = op.py_kernels.get(_IMPLICIT)
+    return entry
 
 
 def _autograd_kernel(op: Any, decomposition: Callable[..., Any]) -> Callable[..., Any]:
@@ -279,7 +293,7 @@ _AUTOGRAD_KEYS = [
     if hasattr(DispatchKey, f"Autograd{device}")
 ]
 
-_LOWERED = {forward: _cell, sequence_forward: _sequence}
+_LOWERED: dict[Any, Callable[..., Any]] = {forward: _cell, sequence_forward: _sequence}
 for _op, _decomposition in _LOWERED.items():
     _op.py_impl(_IMPLICIT)(_in_table)
     for _key in _AUTOGRAD_KEYS:
