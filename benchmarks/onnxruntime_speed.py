@@ -5,7 +5,8 @@ Each model is one recurrent layer over T steps, exported with a plain
 ONNX's LSTM operator (one fused kernel in onnxruntime), lltm's sequence its
 input projection of all steps (one MatMul) and then an ONNX Scan over the
 steps. lltm is also exported once more with a dynamic batch and length, the
-file that runs every length (nn.LSTM's export cannot: it fixes the length).
+file that runs every length (torch 2.13 exports nn.LSTM with its length
+fixed, whatever dynamic_shapes say).
 The sessions run with one thread and are timed interleaved, so that the
 machine's load falls on all alike; medians in milliseconds.
 

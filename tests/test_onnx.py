@@ -1,6 +1,6 @@
 """ONNX: ``torch.onnx.export`` of a model holding lltm, with nothing else to
 pass or register, runs in onnxruntime with eager's results; with a dynamic
-length one file serves every length, which nn.LSTM's export cannot."""
+length one file serves every length."""
 
 from __future__ import annotations
 
@@ -107,31 +107,6 @@ def test_the_graph_projects_every_step_ahead_of_the_recurrence(tmp_path):
         for op in _nodes(function)
     ]
     assert len([op for op in body_nodes if op in products]) == 1
-
-
-class _LSTM(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rnn = torch.nn.LSTM(4, 6)
-
-    def forward(self, x):
-        return self.rnn(x)[0]
-
-
-def test_nn_lstm_exported_with_a_dynamic_length_fails_on_another_length(tmp_path):
-    # The contrast: torch exports nn.LSTM with its length fixed whatever
-    # dynamic_shapes say; the file loads, runs the traced length, and fails
-    # on any other (a Reshape to the traced length).
-    torch.manual_seed(0)
-    model = _LSTM().eval()
-    batch, steps = _dims()
-    inputs = (torch.randn(5, 3, 4),)
-    torch.onnx.export(model, inputs, tmp_path / "lstm.onnx", dynamic_shapes=({0: steps, 1: batch},))
-    session = _session(tmp_path / "lstm.onnx")
-    with torch.no_grad():
-        _assert_outputs(_run(session, inputs), model(*inputs))
-        with pytest.raises(Exception, match="Reshape"):
-            _run(session, (torch.randn(9, 3, 4),))
 
 
 class _Packed(torch.nn.Module):
