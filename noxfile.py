@@ -194,7 +194,8 @@ def tests(session: nox.Session, torch: str) -> None:
 DEPLOY_SESSION = (PYTHONS[0], BUILD_TORCH)
 DEPLOY_TESTS_ELSEWHERE = (
     "tests/test_onnx.py and tests/test_executorch.py are skipped in this session: they run in "
-    f"tests-{DEPLOY_SESSION[0]}(torch='{DEPLOY_SESSION[1]}'), which installs the deploy group"
+    f"tests(python='{DEPLOY_SESSION[0]}', torch='{DEPLOY_SESSION[1]}'), which installs the "
+    "deploy group"
 )
 
 
