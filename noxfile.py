@@ -205,9 +205,29 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
 def tests(session: nox.Session, torch: str) -> None:
     """Builds lltm against the given torch and runs the test suite."""
     wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
-    install_torch(session, torch, str(wheel), *_group("test"))
+    deploy = _runs_deploy_tests(session.python, torch)
+    install_torch(
+        session, torch, str(wheel), *_group("test"), *(_group("deploy") if deploy else [])
+    )
     session.run("python", "-m", "lltm", "info")
+    if not deploy:
+        session.log(DEPLOY_TESTS_ELSEWHERE)
     session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+# The ONNX and ExecuTorch tests (tests/test_onnx.py, tests/test_executorch.py)
+# need the deploy group: about a GB and a minute to install, and executorch is
+# built for one torch. They run in one tests session; the others skip them.
+DEPLOY_SESSION = (PYTHONS[0], BUILD_TORCH)
+DEPLOY_TESTS_ELSEWHERE = (
+    "tests/test_onnx.py and tests/test_executorch.py are skipped in this session: they run in "
+    f"tests(python='{DEPLOY_SESSION[0]}', torch='{DEPLOY_SESSION[1]}'), which installs the "
+    "deploy group"
+)
+
+
+def _runs_deploy_tests(python: object, torch: str) -> bool:
+    return (str(python), torch) == DEPLOY_SESSION
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"])
@@ -230,6 +250,7 @@ def compat(session: nox.Session) -> None:
     )
     assert found.strip() == str(tuple(map(int, NEWEST_PYTHON.split(".")))), found
     session.run(python, "-m", "lltm", "info", env=env, external=True)
+    session.log(DEPLOY_TESTS_ELSEWHERE)
     session.run(python, "-m", "pytest", "-m", "not slow", *session.posargs, env=env, external=True)
 
 

@@ -42,14 +42,37 @@ def forward(
     math = math_type(input)
     # One rounding of the pre-activations, with the bias or without one.
     pre = F.linear(torch.cat([old_h, input], dim=1), weights, bias).to(math)
-    pre_i, pre_o, pre_g = pre.chunk(3, dim=1)
-    i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
-    new_cell = old_cell.to(math) + g * i
-    new_h = torch.tanh(new_cell) * o
+    pre_i, pre_o, pre_g = gate_slices(pre)
+    new_h, new_cell, i, o = step_forward(pre_i, pre_o, pre_g, old_cell, math)
     # The layout of every kernel's `gates`: activated input and output gates,
     # the candidate's pre-activation (its derivative needs x, not elu(x)).
     dtype = input.dtype
     return new_h.to(dtype), new_cell.to(dtype), torch.cat([i, o, pre_g], dim=1).to(dtype)
+
+
+def gate_slices(pre: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The input, output and candidate columns of (..., 3S) pre-activations.
+
+    Three slices rather than a split (chunk): lowered for ExecuTorch (1.5),
+    a split of a tensor whose batch size is dynamic fixes that size (the
+    program then fails on any other), or fails to_executorch ahead of a scan.
+    """
+    state = pre.shape[-1] // 3
+    return pre[..., :state], pre[..., state : 2 * state], pre[..., 2 * state :]
+
+
+def step_forward(
+    pre_i: Tensor, pre_o: Tensor, pre_g: Tensor, old_cell: Tensor, math: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The pointwise part of one step, in the math type.
+
+    From its three pre-activations: (new_h, new_cell, input gate, output
+    gate), the gates activated.
+    """
+    i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
+    new_cell = old_cell.to(math) + g * i
+    new_h = torch.tanh(new_cell) * o
+    return new_h, new_cell, i, o
 
 
 def step_backward(

@@ -65,6 +65,20 @@ def _refuse_scripting(module: str) -> NoReturn:
     )
 
 
+def _refuse_packed_export() -> NoReturn:
+    # The number of sequences each step updates is data (batch_sizes), and an
+    # exported graph cannot follow it: torch.export would fail deep inside
+    # the module on a data-dependent guard, as it does for nn.LSTM.
+    raise ValueError(
+        "lltm: LLTMSequence cannot be exported (torch.export, ONNX, ExecuTorch) with a "
+        "PackedSequence input: how many sequences each step updates is data, which an "
+        "exported graph cannot follow. Export the model on the padded batch "
+        "(torch.nn.utils.rnn.pad_packed_sequence) instead: in the forward direction each "
+        "sequence's outputs up to its length are the same, and its last state is "
+        "output[length - 1]"
+    )
+
+
 def _fail(message: str) -> NoReturn:
     raise ValueError(f"lltm: LLTMSequence {message}")
 
@@ -256,6 +270,8 @@ class LLTMSequence(torch.nn.Module):
         packed = isinstance(input, PackedSequence)
         batched = True
         if packed:
+            if torch.compiler.is_exporting():
+                _refuse_packed_export()
             data, batch_sizes, sorted_indices, unsorted_indices = input
             batch = int(batch_sizes[0]) if batch_sizes.numel() else 0
         else:

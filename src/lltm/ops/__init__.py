@@ -12,6 +12,7 @@ autograd.py     reverse and forward mode, higher orders (the Autograd key)
 tangents.py     the forward-mode formulas
 vmap.py         batching rules for ``torch.vmap`` and per-sample gradients
 autocast.py     the autocast policy of torch's recurrent ops
+decompositions  the forward operators as core ATen, for ONNX, ExecuTorch, run_decompositions
 eager.py        :func:`cell` and :func:`sequence`, the Python entry points
 ==============  ==================================================================
 
@@ -22,7 +23,7 @@ eager.py        :func:`cell` and :func:`sequence`, the Python entry points
 
 from __future__ import annotations
 
-from . import autocast, autograd, fake, vmap  # noqa: F401  (registrations)
+from . import autocast, autograd, decompositions, fake, vmap  # noqa: F401  (registrations)
 from .eager import cell, sequence
 from .library import (
     backward,
