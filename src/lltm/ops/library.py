@@ -8,6 +8,7 @@ this package registers Python pieces on top of these handles.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -21,6 +22,15 @@ backward = torch.ops.lltm.backward.default
 sequence_forward = torch.ops.lltm.sequence_forward.default
 sequence_backward = torch.ops.lltm.sequence_backward.default
 sequence_gate_grads = torch.ops.lltm.sequence_gate_grads.default
+
+
+def direct(op: torch._ops.OpOverload) -> Any:
+    """What calling ``op`` calls: the same trip through the dispatcher,
+    without the Python frame of ``OpOverload.__call__``, which the eager path
+    would pay on every kernel call. ``_op`` is private to torch: should it go
+    away, ``op`` itself."""
+    return getattr(op, "_op", op)
+
 
 # Runs a kernel below the autograd key, as an autograd kernel's own forward
 # must; private to torch, so degrade to a plain (slower, equally correct)
