@@ -13,7 +13,6 @@ from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops, reference
-from .functional import lltm_cell
 
 
 class LLTM(reference.LLTM):
@@ -29,7 +28,17 @@ class LLTM(reference.LLTM):
 
     def forward(self, input: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         old_h, old_cell = state
-        return lltm_cell(input, self.weights, self.bias, old_h, old_cell)
+        # nn.Module finds a parameter in __getattr__, once Python's own lookup
+        # has failed with an exception; reading the dict the parameter lives
+        # in costs a fraction of that, on every step. A parametrization,
+        # pruning or weight_norm takes it out of that dict, and the attribute
+        # is then read as usual.
+        parameters = self._parameters
+        if "weights" in parameters and "bias" in parameters:
+            weights, bias = parameters["weights"], parameters["bias"]
+        else:
+            weights, bias = self.weights, self.bias
+        return ops.cell(input, weights, bias, old_h, old_cell)
 
     def extra_repr(self) -> str:
         return f"input_features={self.input_features}, state_size={self.state_size}"
