@@ -56,6 +56,19 @@ def _fused(input: Tensor) -> bool:
     return not input.is_cuda or _fused_on_gpu(input)
 
 
+def _any_requires_grad(
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
+) -> bool:
+    # The weights first: in a model they require grad, and the answer is in.
+    return (
+        weights.requires_grad
+        or input.requires_grad
+        or old_h.requires_grad
+        or old_cell.requires_grad
+        or (bias is not None and bias.requires_grad)
+    )
+
+
 def cell(
     input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -74,7 +87,7 @@ def cell(
         check_forward_args(input, weights, bias, old_h, old_cell)  # a TypeError naming it
     if plain_eager() and (not input.is_cuda or _fused_on_gpu(input)):
         try:
-            if torch.is_grad_enabled() and torch._C._any_requires_grad(
+            if torch.is_grad_enabled() and _any_requires_grad(
                 input, weights, bias, old_h, old_cell
             ):
                 return EagerCellFunction.apply(input, weights, bias, old_h, old_cell)
@@ -110,7 +123,7 @@ def sequence(
     args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
     if plain_eager() and (not input.is_cuda or _fused_on_gpu(input)):
         try:
-            if torch.is_grad_enabled() and torch._C._any_requires_grad(
+            if torch.is_grad_enabled() and _any_requires_grad(
                 input, weights, bias, old_h, old_cell
             ):
                 return EagerSequenceFunction.apply(*args)
