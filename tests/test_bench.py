@@ -527,6 +527,22 @@ def test_overhead_plot_and_render(render, tmp_path, saved_figures, capsys):
     assert sum(line.startswith("| 2x2x2 |") for line in lines) == 3
 
 
+def test_render_across_runs_of_another_phase(render, tmp_path, capsys):
+    runs = [tmp_path / f"run{i}.json" for i in (1, 2)]
+    for run in runs:
+        assert bench.main([*FAST, "--overhead", "-q", "--json", str(run)]) == 0
+    assert render.main(["--across", "--phase", "no_grad", *map(str, runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("2 runs of overhead at 2x3x4: no_grad medians in ")
+    assert "against the eager reference and against nn.LSTMCell" in lines[0]
+    assert lines[2] == "| run | reference | lltm | lstmcell |"
+    # Every row: the reference's no-grad speed-up against itself, 1.
+    assert len(lines) == 7
+    assert all("(1.00x; " in line.split(" | ")[1] for line in lines[4:])
+    with pytest.raises(SystemExit, match="overhead runs time no backward phase"):
+        render.main(["--across", "--phase", "backward", *map(str, runs)])
+
+
 # --- The GEMM floor --------------------------------------------------------------
 
 
