@@ -7,7 +7,10 @@ Three kinds of case share everything but how they are built:
 * per-sample: the gradients of the parameters for each of ``batch`` samples
   (one sequence each) apart, as differentially private training and
   per-example gradient statistics need them. Only the ``step`` phase: there
-  is no forward to time apart from the backward.
+  is no forward to time apart from the backward;
+* overhead: one cell step at the smallest size, where the kernels do almost
+  nothing and what is timed is what every call costs around them: the
+  forward under ``torch.no_grad()`` (phase ``no_grad``) and the step.
 
 Every LLTM implementation of a case gets the same weights (those of one
 :class:`lltm.reference.LLTM`) and the same inputs. Which tensors require grad
@@ -33,6 +36,9 @@ from .. import reference
 from ..module import LLTM, LLTMSequence
 
 PHASES = ("forward", "backward", "step")
+# The forward under torch.no_grad(): inference, no graph recorded. Timed by
+# the overhead case only.
+NO_GRAD = "no_grad"
 
 # --sweep: (batch, features, state) from below the tutorial's size to a large layer.
 SWEEP = (
@@ -101,7 +107,20 @@ PER_SAMPLE = Kind(
     phases=("step",),
     saved_memory=False,
 )
-KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE)}
+OVERHEAD = Kind(
+    "overhead",
+    implementations=("reference", "lltm", "lstmcell"),
+    defaults=("reference", "lltm", "lstmcell"),
+    baseline="reference",
+    rival="lstmcell",
+    phases=(NO_GRAD, "step"),
+    saved_memory=False,
+    sequences=False,
+)
+KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE, OVERHEAD)}
+
+# --overhead without -b, -f or -s: the smallest cell.
+OVERHEAD_SIZE = (1, 2, 2)
 
 # --per-sample without -b or --seq-len: 32 samples of 50 steps.
 PER_SAMPLE_BATCH = 32
@@ -138,6 +157,10 @@ class Case:
         """One training step: forward and backward."""
         raise NotImplementedError
 
+    def no_grad(self) -> Any:
+        """One forward pass under ``torch.no_grad()``."""
+        raise NotImplementedError
+
     def phase(self, name: str) -> Callable[[], Any]:
         """The method that runs phase ``name`` (forward, backward or step)."""
         method: Callable[[], Any] = getattr(self, name)
@@ -171,6 +194,11 @@ class AutogradCase(Case):
     def forward(self) -> Any:
         """Calls the module."""
         return self.call()
+
+    def no_grad(self) -> Any:
+        """Calls the module under ``torch.no_grad()``."""
+        with torch.no_grad():
+            return self.call()
 
     def backward(self) -> Any:
         """Gradients of the leaves, from one graph kept for every backward block."""

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .cases import KINDS, PER_SAMPLE, Kind, Size
+from .cases import KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, Kind, Size
 from .timing import Result
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
@@ -19,10 +19,13 @@ NAMES = {
     "reference": "the eager reference",
     "reference-loop": "the reference loop",
     "lstm": "nn.LSTM",
+    "lstmcell": "nn.LSTMCell",
     "lltm-loop": "a loop over the samples",
     "lstm-vmap": "nn.LSTM under vmap",
 }
-SHORT = {"forward": "fwd", "backward": "bwd", "step": "step"}
+SHORT = {"forward": "fwd", "backward": "bwd", "step": "step", NO_GRAD: "no-grad fwd"}
+# Column names of the phases, where not the phase's own name.
+LONG = {NO_GRAD: "no-grad forward"}
 # What files written before these fields existed measured: one cell step with
 # inputs that require grad.
 OLD_ENVIRONMENT = {"case": "cell", "inputs_grad": True, "seq_len": None}
@@ -124,6 +127,12 @@ def configuration(env: dict[str, Any]) -> str:
             "per-sample gradients of the parameters (one sequence per sample, mean squared "
             "error against a random target), speed-ups against lltm-loop"
         )
+    if kind_of_env(env) is OVERHEAD:
+        grads = "parameters, input, h and c" if env["inputs_grad"] else "parameters only"
+        return (
+            "per-call overhead, one cell step at the smallest size: the forward under "
+            f"torch.no_grad(), and forward + backward with gradients of the {grads}"
+        )
     sequence = env["case"] == "sequence"
     if env["inputs_grad"]:
         state = "input, h_0 and c_0" if sequence else "input, h and c"
@@ -184,7 +193,7 @@ def table_rows(
         "size",
         *(["T"] if kind.sequences else []),
         "impl",
-        *(f"{phase} min / median" for phase in kind.phases),
+        *(f"{LONG.get(phase, phase)} min / median" for phase in kind.phases),
         f"speed-up {phases}",
         *([f"vs {NAMES[rival]} {phases}"] if rival else []),
         *(["saved KiB (beyond inputs)"] if kind.saved_memory else []),
@@ -267,9 +276,10 @@ TIME_PANELS = {
     "cell": ("time per step", "forward + backward"),
     "sequence": ("time per sequence (all T steps)", "forward + backward"),
     "per-sample": ("time per batch of samples", "every sample's gradients"),
+    "overhead": ("time per step", "forward + backward"),
 }
 # Speed-up lines of a plot, per phase (when the kind times it): line style, marker.
-SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", ".")}
+SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", "."), NO_GRAD: ("--", "x")}
 
 
 def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:
