@@ -96,7 +96,7 @@ struct RowBlocks {
 // Blocks of whole register tiles, as many as threads when the sequence's
 // recurrent products (`work` multiply-adds) are worth splitting.
 RowBlocks split_rows(int64_t batch, int64_t work) {
-  constexpr int64_t kTileRows = 8;  // a multiple of every packed kernel's tile
+  constexpr int64_t kTileRows = 8;  // a multiple of every fused kernel's tile height
   const int64_t threads = torch::stable::get_num_threads();
   const int64_t tiles = (batch + kTileRows - 1) / kTileRows;
   if (threads < 2 || tiles < 2 || work < kMinParallelProduct) return {1, batch};
