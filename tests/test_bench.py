@@ -317,6 +317,63 @@ def test_sequence_implementations_compute_the_same_thing(inputs_grad):
     assert len(lstm.step()) == (7 if inputs_grad else 4)
 
 
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys):
+    # Every LLTM implementation's step rate in GFLOP/s of the products it
+    # needs, and that against a large GEMM timed in the same run.
+    report = _run_json(
+        capsys, "--seq-len", "3", "--impl", "all", *(["--inputs-grad"] if inputs_grad else [])
+    )
+    large = report["environment"]["large_gemm"]
+    assert large["n"] == cases.LARGE_GEMM["cpu"] and large["blocks"] == 2
+    assert large["gflops"] > 0
+    size = cases.Size(2, 3, 4, seq_len=3)
+    for (_, impl), row in _rows(report).items():
+        if impl == "lstm":  # four gates: other products
+            assert row["flops"] is None
+            assert row["step"]["gflops"] is None and row["step"]["of_large_gemm"] is None
+            continue
+        assert row["flops"] == cases.product_flops(size, inputs_grad)
+        for phase in cases.PHASES:
+            gflops = row["flops"][phase] / row[phase]["median_s"] / 1e9
+            assert row[phase]["gflops"] == pytest.approx(gflops)
+            assert row[phase]["of_large_gemm"] == pytest.approx(gflops / large["gflops"])
+    # The table: the step's rate and fraction, the large GEMM's in the title.
+    header, rows = bench.report.table_rows(*bench.from_json(report))
+    column = header.index("step GFLOP/s (of the large GEMM's)")
+    by_impl = {row[2]: row[column] for row in rows}
+    assert by_impl["lstm"] == "-"
+    assert all("(" in by_impl[impl] for impl in SEQUENCE_IMPLS if impl != "lstm")
+    title = bench.report.title(bench.from_json(report)[1])
+    assert f"a large GEMM (torch.mm, {large['n']}^3) ran at" in title
+
+
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_product_flops_are_those_of_the_gemm_floor(inputs_grad):
+    # The count is what the gemm case computes, measured by torch's counter.
+    size = cases.Size(2, 3, 4, seq_len=5)
+    case = cases.make_case("gemm", size, CPU, torch.float32, inputs_grad=inputs_grad)
+    forward, backward = _flops(case)
+    flops = cases.product_flops(size, inputs_grad)
+    assert (flops["forward"], flops["backward"]) == (forward, backward)
+    assert flops["step"] == forward + backward
+
+
+def test_cells_and_per_sample_count_no_products(capsys):
+    for args in ([], ["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"]):
+        report = _run_json(capsys, *args)
+        assert "large_gemm" not in report["environment"]
+        assert all("flops" not in row for row in report["results"])
+        header, _ = bench.report.table_rows(*bench.from_json(report))
+        assert not any("GFLOP/s" in column for column in header)
+
+
+def test_large_gemm_is_square_of_the_runs_dtype():
+    fn, n, flops = cases.large_gemm(CPU, torch.float64)
+    out = fn()
+    assert out.shape == (n, n) and out.dtype == torch.float64 and flops == 2 * n**3
+
+
 def test_sequence_plot_against_length(tmp_path, saved_figures):
     # Time, speed-up against the reference loop and against nn.LSTM, each
     # against the sequence length.

@@ -83,6 +83,15 @@ nn.LSTM (its median over ours: above 1 is faster than nn.LSTM), for per-sample
 gradients against nn.LSTM under vmap, for the per-call overhead against
 nn.LSTMCell (1 / that speed-up is the time as a fraction of nn.LSTMCell's).
 
+Distance to the limit (sequences): the step's rate in GFLOP/s of the matrix
+products an LLTM sequence needs (the gemm row's products, 2 operations per
+multiply-add; the pointwise work is not counted) at its median time, for
+each LLTM implementation, and in parentheses that rate as a fraction of a
+large GEMM's (torch.mm of two 1024 x 1024 matrices on the CPU, 4096 on a
+GPU, in the run's dtype), which takes its turn in every round of the same
+run: the title gives its median rate. nn.LSTM's row has none (its four gates
+need other products).
+
 Memory (cells and sequences): bytes of the distinct storages that one
 forward's autograd graph keeps for backward
 (torch.autograd.graph.saved_tensors_hooks), in all and beyond the inputs and

@@ -81,6 +81,9 @@ class Kind:
     """Whether the bytes one forward saves for backward are measured."""
     sequences: bool = True
     """Whether a case runs whole sequences (its sizes have a seq_len)."""
+    counts_flops: bool = False
+    """Whether its LLTM implementations' rows report GFLOP/s of the products
+    they need (product_flops), against a large GEMM timed in the same run."""
 
 
 CELL = Kind(
@@ -96,6 +99,7 @@ SEQUENCE = Kind(
     defaults=("reference-loop", "lltm-loop", "lltm-sequence", "lstm"),
     baseline="reference-loop",
     rival="lstm",
+    counts_flops=True,
 )
 PER_SAMPLE = Kind(
     "per-sample",
@@ -125,6 +129,12 @@ OVERHEAD_SIZE = (1, 2, 2)
 # --per-sample without -b or --seq-len: 32 samples of 50 steps.
 PER_SAMPLE_BATCH = 32
 PER_SAMPLE_SEQ_LEN = 50
+
+
+# The large GEMM whose rate a run's GFLOP/s are compared with: square, of
+# this size, in the run's dtype on its device (torch.mm). Large enough that
+# the library runs it near the core's (or the GPU's) peak.
+LARGE_GEMM = {"cpu": 1024, "cuda": 4096}
 
 
 def kind_of(size: Size) -> Kind:
@@ -480,6 +490,43 @@ def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTenso
     if inputs_grad:
         backward.append(lambda: torch.mm(d_gates, weights))
     return GemmCase([lambda: torch.mm(x, weights.t())], backward)
+
+
+def product_flops(size: Size, inputs_grad: bool = False) -> dict[str, int]:
+    """Floating-point operations (2 per multiply-add) of a sequence's matrix products, per phase.
+
+    Those the ``gemm`` case computes (its docstring lists them). The pointwise
+    work is not counted.
+    """
+    t, b, f, s = size.seq_len or 0, size.batch, size.features, size.state
+    projection, recurrent = 2 * t * b * f * 3 * s, 2 * b * s * 3 * s
+    weight_grad = 2 * 3 * s * t * b * (s + f)
+    forward = projection + t * recurrent
+    backward = (t if inputs_grad else max(t - 1, 0)) * recurrent + weight_grad
+    if inputs_grad:
+        backward += projection
+    return {"forward": forward, "backward": backward, "step": forward + backward}
+
+
+def flops_of(kind: Kind, impl: str, size: Size, inputs_grad: bool) -> dict[str, int] | None:
+    """product_flops for the LLTM implementations of a kind that counts them.
+
+    None for nn.LSTM, whose products are those of four gates: not comparable.
+    """
+    if not kind.counts_flops or impl == kind.rival:
+        return None
+    return product_flops(size, inputs_grad)
+
+
+def large_gemm(device: torch.device, dtype: torch.dtype) -> tuple[Callable[[], Tensor], int, int]:
+    """(the product, its size n, its floating-point operations) of the large GEMM.
+
+    An n x n by n x n torch.mm in the run's dtype on its device.
+    """
+    n = LARGE_GEMM.get(device.type, LARGE_GEMM["cpu"])
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
+    return (lambda: torch.mm(a, b)), n, 2 * n**3
 
 
 def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import platform
+import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -14,6 +15,9 @@ import torch
 from .._version import __version__
 from . import cases, report, timing
 from .cases import CELL, OVERHEAD, PER_SAMPLE, SEQUENCE, Kind, Size
+
+# The name under which the large GEMM is timed (never an implementation's).
+LARGE_GEMM = "large-gemm"
 
 DTYPES = {
     "float32": torch.float32,
@@ -89,6 +93,12 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     impls = list(dict.fromkeys([kind.baseline, *args.impl]))  # speed-ups are against it
     blocks_per_impl = len(kind.phases) * args.runs
     results: list[timing.Result] = []
+    # The large GEMM the products' GFLOP/s are compared with, taking its turn
+    # in every round at every size: its blocks over the whole run.
+    gemm_fn, gemm_n, gemm_flops = (
+        cases.large_gemm(device, dtype) if kind.counts_flops else (None, 0, 0)
+    )
+    gemm_times: list[float] = []
     with timing.progress(
         len(sizes) * len(impls) * blocks_per_impl, len(sizes) > 1 and not args.quiet
     ) as start:
@@ -115,11 +125,18 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     results.append(timing.Result(size, impl, error=message))
                     for _ in range(blocks_per_impl):
                         advance()
+            extra = {LARGE_GEMM: gemm_fn} if gemm_fn is not None and ready else None
             times = timing.measure(
-                ready, args.runs, threads, args.block_seconds, advance, phases=kind.phases
+                ready, args.runs, threads, args.block_seconds, advance, kind.phases, extra
             )
+            gemm_times += times.get(LARGE_GEMM, {}).get("step", [])
             for case in ready:
-                result = timing.Result(size, case.impl, times=times[case.impl])
+                result = timing.Result(
+                    size,
+                    case.impl,
+                    times=times[case.impl],
+                    flops=cases.flops_of(kind, case.impl, size, args.inputs_grad),
+                )
                 with contextlib.suppress(Exception):
                     saved = case.saved_for_backward() if kind.saved_memory else None
                     if saved is not None:
@@ -132,6 +149,12 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     env["case"] = kind.name
     env["inputs_grad"] = args.inputs_grad
     env["seq_len"] = args.seq_len
+    if gemm_times:
+        env["large_gemm"] = {
+            "n": gemm_n,
+            "gflops": gemm_flops / statistics.median(gemm_times) / 1e9,
+            "blocks": len(gemm_times),
+        }
     return results, env
 
 

@@ -43,6 +43,15 @@ def speedup(results: Sequence[Result], result: Result, phase: str, against: str)
     return theirs / ours if ours and theirs else None
 
 
+def of_large_gemm(result: Result, phase: str, env: dict[str, Any]) -> float | None:
+    """A row's GFLOP/s as a fraction of the large GEMM's, timed in the same run.
+
+    None where either is unknown.
+    """
+    gflops, large = result.gflops(phase), env.get("large_gemm")
+    return gflops / large["gflops"] if gflops and large and large.get("gflops") else None
+
+
 def _comparisons(kind: Kind) -> dict[str, str]:
     """JSON field name -> implementation compared with.
 
@@ -83,6 +92,11 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
                 "blocks": len(r.times.get(phase) or []),
                 **{key: speedup(results, r, phase, impl) for key, impl in comparisons.items()},
             }
+            if kind.counts_flops:
+                row[phase]["gflops"] = r.gflops(phase)
+                row[phase]["of_large_gemm"] = of_large_gemm(r, phase, env)
+        if kind.counts_flops:
+            row["flops"] = r.flops
         row["saved_for_backward_bytes"] = r.saved_bytes
         row["saved_beyond_inputs_bytes"] = r.saved_beyond_inputs_bytes
         rows.append(row)
@@ -112,6 +126,7 @@ def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
                 saved_bytes=row["saved_for_backward_bytes"],
                 saved_beyond_inputs_bytes=row["saved_beyond_inputs_bytes"],
                 error=row["error"],
+                flops=row.get("flops"),
             )
         )
     return results, env
@@ -146,10 +161,16 @@ def title(env: dict[str, Any]) -> str:
     """One line that says what was run, where, with which versions."""
     env = {**OLD_ENVIRONMENT, **env}
     where = env.get("gpu") or env["cpu"]
+    large = env.get("large_gemm")
+    gemm = (
+        f"; a large GEMM (torch.mm, {large['n']}^3) ran at {large['gflops']:,.1f} GFLOP/s"
+        if large
+        else ""
+    )
     return (
         f"lltm {env['lltm']}, torch {env['torch']}: {configuration(env)}; "
         f"{env['dtype']} on {env['device']} ({where}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}), "
-        f"{env['blocks']} blocks each"
+        f"{env['blocks']} blocks each{gemm}"
     )
 
 
@@ -168,8 +189,10 @@ def table_rows(
 
     Columns: size (and T for sequences), impl, min / median per phase the
     kind times, speed-ups against the baseline (and the rival, if the kind
-    has one and the run includes it), saved bytes (if the kind measures
-    them). The columns up to ``impl`` are labels, the rest numbers.
+    has one and the run includes it), the step's GFLOP/s of the products it
+    needs and, in parentheses, that as a fraction of the large GEMM's rate
+    in the same run (if the kind counts them), saved bytes (if the kind
+    measures them). The columns up to ``impl`` are labels, the rest numbers.
     """
     kind = kind_of_env(env)
     rival = _rival(kind, results)
@@ -189,6 +212,19 @@ def table_rows(
     def kib(n: int | None) -> str:
         return "-" if n is None else f"{n / 1024:,.0f}"
 
+    def rate(r: Result) -> str:
+        gflops, fraction = r.gflops("step"), of_large_gemm(r, "step", env)
+        if gflops is None:
+            return "-"
+        shown = f"{gflops:,.1f}" if gflops >= 10 else f"{gflops:.3g}"
+        if fraction is not None:
+            shown += f" ({fraction:.2f})" if fraction >= 0.01 else f" ({fraction:.1e})"
+        return shown
+
+    # Runs that counted the products' operations (sequences; not files
+    # written before they were counted).
+    flops = any(r.flops for r in results)
+
     header = [
         "size",
         *(["T"] if kind.sequences else []),
@@ -196,6 +232,7 @@ def table_rows(
         *(f"{LONG.get(phase, phase)} min / median" for phase in kind.phases),
         f"speed-up {phases}",
         *([f"vs {NAMES[rival]} {phases}"] if rival else []),
+        *(["step GFLOP/s (of the large GEMM's)"] if flops else []),
         *(["saved KiB (beyond inputs)"] if kind.saved_memory else []),
     ]
     rows = []
@@ -215,6 +252,7 @@ def table_rows(
                 *(timing(r, phase) for phase in kind.phases),
                 ratios(r, kind.baseline),
                 *([ratios(r, rival)] if rival else []),
+                *([rate(r)] if flops else []),
                 *([saved] if kind.saved_memory else []),
             ]
         )
