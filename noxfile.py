@@ -18,6 +18,9 @@ build (``cibuildwheel``). Knobs:
     LLTM_BUILD_TORCH   torch the CPU wheel of bench, fuzz, examples, ... is
                        built against (default: 2.13.0, the local CPU build)
     LLTM_CUDA_TORCH    CUDA build of torch for the CUDA variant (default: 2.14.1)
+    LLTM_NOX_DISPOSABLE=1  each session deletes its environments when it
+                       passes (CI: a CUDA build of torch is ~6 GB installed,
+                       and a run makes a dozen environments)
 
 and, for CI runners with more Pythons and torch releases than a developer
 machine, a full product instead of the three pairs above:
@@ -29,19 +32,26 @@ machine, a full product instead of the three pairs above:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import sys
 import tarfile
-import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
 ROOT = Path(__file__).parent.resolve()
 DIST = ROOT / "dist"
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+# The packaging checks are scripts of their own; the sessions share their
+# reading of the cibuildwheel configurations.
+sys.path.insert(0, str(ROOT / "packaging"))
+from cibw_config import CUDA_CONFIG as CIBW_CUDA_CONFIG  # noqa: E402
+from cibw_config import linux_options as _cibw_options  # noqa: E402
 
 
 def _env_list(name: str, default: str) -> list[str]:
@@ -76,6 +86,22 @@ else:
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.sessions = ["lint", "tests", "compat"]
+
+
+def disposable(func: Callable[..., None]) -> Callable[..., None]:
+    """With LLTM_NOX_DISPOSABLE=1, the session's directory under .nox (its
+    virtualenv, and the build trees and extra environments of its tmp/) is
+    deleted once the session passes; a failed session keeps it to look at."""
+
+    @functools.wraps(func)
+    def run_then_free(session: nox.Session, *args: Any, **kwargs: Any) -> None:
+        func(session, *args, **kwargs)
+        if os.environ.get("LLTM_NOX_DISPOSABLE") == "1":
+            location = Path(session.virtualenv.location)
+            session.log(f"LLTM_NOX_DISPOSABLE: deleting {location}")
+            shutil.rmtree(location, ignore_errors=True)
+
+    return run_then_free
 
 
 def _group(name: str) -> list[str]:
@@ -175,6 +201,7 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
 
 @nox.session(tags=["tests"])
 @nox.parametrize(("python", "torch"), TEST_MATRIX)
+@disposable
 def tests(session: nox.Session, torch: str) -> None:
     """Builds lltm against the given torch and runs the test suite."""
     wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
@@ -184,6 +211,7 @@ def tests(session: nox.Session, torch: str) -> None:
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"])
+@disposable
 def compat(session: nox.Session) -> None:
     """One binary across both ranges: the cp310-abi3 wheel built under the
     oldest Python against the oldest torch (the release builds do the same)
@@ -206,6 +234,7 @@ def compat(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def fuzz(session: nox.Session) -> None:
     """Differential fuzzing against the reference (tests/test_fuzz.py), the
     long profile: 10,000 calls. Prints the worst error per dtype and leaves it
@@ -224,6 +253,7 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def cuda_host(session: nox.Session) -> None:
     """lltm's CUDA sources built for the host and run on CPU tensors
     (tests/cuda_host.py): the emulation's own tests (tests/test_cuda_host.py)
@@ -238,6 +268,7 @@ def cuda_host(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def lint(session: nox.Session) -> None:
     """ruff (lint, docstrings, format check), mypy --strict on src/ (lltm ships
     py.typed) and clang-format (check) on csrc/."""
@@ -256,6 +287,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def docs(session: nox.Session) -> None:
     """The documentation site into docs/_build/html, from the installed wheel,
     with warnings as errors and every cross-reference checked; then the code of
@@ -320,6 +352,7 @@ def _splice(text: str, name: str, content: str) -> str:
 
 
 @nox.session(python=PYTHONS[0], tags=["tests"])
+@disposable
 def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
     wheels built and installed next to real CPU-only and CUDA torches. Their
@@ -329,7 +362,11 @@ def slow(session: nox.Session) -> None:
     skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
-    session.run("pytest", "-m", "slow", *session.posargs)
+    env = {}
+    if os.environ.get("LLTM_NOX_DISPOSABLE") == "1" and "LLTM_TEST_VENV_CACHE" not in os.environ:
+        # Freed with the session rather than kept for the next run.
+        env["LLTM_TEST_VENV_CACHE"] = str(Path(session.create_tmp()) / "test-venvs")
+    session.run("pytest", "-m", "slow", *session.posargs, env=env)
 
 
 # --- Wheels -----------------------------------------------------------------
@@ -379,7 +416,6 @@ def wheel(session: nox.Session) -> None:
 
 # wheels.yml pins the cibuildwheel action to v3.2.1: the same version checks here.
 CIBUILDWHEEL = "cibuildwheel==3.2.1"
-CIBW_CUDA_CONFIG = ROOT / "packaging" / "cibuildwheel-cuda.toml"
 WORKFLOWS = ROOT / ".github" / "workflows"
 VERSION = re.search(
     r'__version__ = "([^"]+)"', (ROOT / "src" / "lltm" / "_version.py").read_text()
@@ -387,15 +423,6 @@ VERSION = re.search(
 # Local stand-in for TORCH_CUDA_ARCH_LIST of the CUDA build when no wheel from
 # `nox -s build` is in dist/: one architecture (Hopper) keeps the build short.
 LOCAL_CUDA_ARCHS = os.environ.get("LLTM_LOCAL_CUDA_ARCH_LIST", "9.0")
-
-
-def _cibw_options(config_file: Path) -> dict:
-    """[tool.cibuildwheel] of ``config_file`` with its Linux section applied."""
-    options = dict(nox.project.load_toml(config_file)["tool"]["cibuildwheel"])
-    options.update(options.pop("linux", {}))
-    for platform in ("macos", "windows", "pyodide", "android", "ios"):
-        options.pop(platform, None)
-    return options
 
 
 def _command(value: str | list[str]) -> str:
@@ -447,80 +474,10 @@ def _run_test_command(
         session.run("bash", "-c", script, env=env, external=True)
 
 
-def _wheel_members(wheel: Path) -> list[str]:
-    with zipfile.ZipFile(wheel) as archive:
-        return archive.namelist()
-
-
-def _wheel_metadata(wheel: Path) -> str:
-    with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        return archive.read(name).decode()
-
-
-# Platforms as environment markers see them: lltm-cuda<major> exists for the
-# first only, so lltm's CUDA extras must require it there and nowhere else.
-CUDA_WHEEL_PLATFORMS = {
-    ("linux", "x86_64"): True,
-    ("linux", "aarch64"): False,
-    ("darwin", "arm64"): False,
-    ("win32", "AMD64"): False,
-}
-
-
-def _check_cuda_extras(metadata: str) -> None:
-    """lltm[cuda], [cuda12] and [cuda13] require lltm-cuda<major> of the same
-    version on Linux x86_64, and add nothing elsewhere."""
-    from packaging.requirements import Requirement
-
-    requires = [
-        Requirement(line.split(":", 1)[1].strip())
-        for line in metadata.splitlines()
-        if line.startswith("Requires-Dist:")
-    ]
-    for extra, plugin in (
-        ("cuda", "lltm-cuda13"),
-        ("cuda12", "lltm-cuda12"),
-        ("cuda13", "lltm-cuda13"),
-    ):
-        assert f"Provides-Extra: {extra}" in metadata, metadata
-        for (system, machine), wanted in CUDA_WHEEL_PLATFORMS.items():
-            env = {"extra": extra, "sys_platform": system, "platform_machine": machine}
-            required = [r for r in requires if r.marker is None or r.marker.evaluate(env)]
-            plugins = [r for r in required if r.name.startswith("lltm-cuda")]
-            expected = [f"{plugin}=={VERSION}"] if wanted else []
-            assert [f"{r.name}{r.specifier}" for r in plugins] == expected, (
-                f"lltm[{extra}] on {system} {machine}: requires {plugins}, expected {expected}"
-            )
-
-
 def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
-    """Name, tags and contents of a repaired wheel."""
-    from packaging.utils import parse_wheel_filename
-
-    name, version, _, tags = parse_wheel_filename(wheel.name)
-    assert str(version) == VERSION, wheel.name
-    assert {(t.interpreter, t.abi) for t in tags} == {("cp310", "abi3")}, wheel.name
-    assert all(re.fullmatch(r"manylinux_2_\d+_x86_64", t.platform) for t in tags), wheel.name
-    members = _wheel_members(wheel)
-    metadata = _wheel_metadata(wheel)
-    # Nothing of torch or CUDA is vendored: auditwheel grafted no library.
-    vendored = [m for m in members if ".libs/" in m or re.search(r"/lib[^/]*\.so", m)]
-    assert not vendored, f"{wheel.name} vendors {vendored}"
-    if variant == "cpu":
-        assert name == "lltm", wheel.name
-        assert "lltm/_C.abi3.so" in members and "lltm/py.typed" in members, members
-        assert not [m for m in members if m.startswith("lltm_cuda")], members
-        assert "Requires-Dist: torch>=2.10" in metadata, metadata
-        _check_cuda_extras(metadata)
-    else:
-        assert re.fullmatch(r"lltm-cuda1[23]", name), wheel.name
-        package = name.replace("-", "_")
-        assert f"{package}/_C.abi3.so" in members, members
-        assert not [m for m in members if m.startswith("lltm/")], members
-        assert f"Requires-Dist: lltm=={VERSION}" in metadata, metadata
+    """Name, tags, contents and metadata of a repaired wheel, then check-wheel-contents."""
+    session.run("python", "packaging/check_wheel.py", variant, str(wheel))
     session.run("check-wheel-contents", str(wheel))
-    session.log(f"{wheel.name}: tags, contents and metadata as expected")
 
 
 def _built_or_reused(session: nox.Session, variant: str, outdir: Path) -> Path:
@@ -549,6 +506,7 @@ def _built_or_reused(session: nox.Session, variant: str, outdir: Path) -> Path:
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
+@disposable
 def cibuildwheel(session: nox.Session) -> None:
     """cibuildwheel's steps for both variants, here: build, repair, audit, test.
 
@@ -560,24 +518,8 @@ def cibuildwheel(session: nox.Session) -> None:
     """
     session.install(CIBUILDWHEEL, "auditwheel", "abi3audit", "check-wheel-contents", "packaging")
 
-    # The build matrix cibuildwheel derives from the configuration.
-    expected = {
-        ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64",
-        ("pyproject.toml", "linux", "aarch64"): "cp310-manylinux_aarch64",
-        ("pyproject.toml", "macos", None): "cp310-macosx_arm64",
-        ("pyproject.toml", "windows", None): "cp310-win_amd64",
-        (CIBW_CUDA_CONFIG.name, "linux", None): "cp310-manylinux_x86_64",
-    }
-    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}
-    for (config, platform, archs), identifier in expected.items():
-        args = ["cibuildwheel", "--print-build-identifiers", "--platform", platform]
-        if config != "pyproject.toml":
-            args += ["--config-file", str(CIBW_CUDA_CONFIG)]
-        if archs:
-            args += ["--archs", archs]
-        out = session.run(*args, silent=True, env=clean_env)
-        assert out.split() == [identifier], (args, out)
-        session.log(f"{config} {platform} {archs or ''}: {identifier}")
+    # The build matrix cibuildwheel derives from the configurations.
+    session.run("python", "packaging/check_build_identifiers.py")
 
     # setup.py's C++ flags for each compiler, MSVC (the Windows wheel) included.
     session.install(
@@ -629,9 +571,12 @@ def cibuildwheel(session: nox.Session) -> None:
                 session, torch_version, str(repaired[variant]), *groups, python=python, env=env
             )
             _run_test_command(session, options, env, ROOT)
+        # One CUDA build of torch at a time on the disk.
+        shutil.rmtree(Path(env["VIRTUAL_ENV"]), ignore_errors=True)
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
+@disposable
 def sdist(session: nox.Session) -> None:
     """The sdist holds every file of csrc/, and a wheel built from it passes the smoke tests."""
     session.install(
@@ -648,31 +593,7 @@ def sdist(session: nox.Session) -> None:
     (archive,) = outdir.glob("lltm-*.tar.gz")
     session.run("twine", "check", "--strict", str(archive))
 
-    prefix = f"lltm-{VERSION}/"
-    with tarfile.open(archive) as tar:
-        members = {m.name.removeprefix(prefix) for m in tar.getmembers() if m.isfile()}
-    csrc = {
-        p.relative_to(ROOT).as_posix()
-        for p in (ROOT / "csrc").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    }
-    # The wheels' test sources too: the test command runs from the sdist below,
-    # and a conda-forge feedstock tests its package with them.
-    test_sources = {
-        p.relative_to(ROOT).as_posix()
-        for config in (ROOT / "pyproject.toml", CIBW_CUDA_CONFIG)
-        for item in _cibw_options(config).get("test-sources", [])
-        for p in ([ROOT / item] if (ROOT / item).is_file() else (ROOT / item).rglob("*.py"))
-    }
-    required = csrc | test_sources | {
-        "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
-        "src/lltm/__init__.py", "src/lltm/py.typed", "src/lltm_cuda/__init__.py",
-    }  # fmt: skip
-    missing = sorted(required - members)
-    assert not missing, f"the sdist lacks {missing}"
-    stray = sorted(m for m in members if m.endswith((".so", ".pyd", ".pyc")))
-    assert not stray, f"the sdist holds build products: {stray}"
-    session.log(f"{archive.name}: {len(members)} files, all {len(csrc)} of csrc/ among them")
+    session.run("python", "packaging/check_sdist.py", str(archive))
 
     # A wheel built from the sdist (as pip does for users without a wheel) ...
     wheels = Path(session.create_tmp()) / "from-sdist"
@@ -693,7 +614,8 @@ def sdist(session: nox.Session) -> None:
     shutil.rmtree(unpacked, ignore_errors=True)
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
-    _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, unpacked / prefix)
+    sources = unpacked / f"lltm-{VERSION}"
+    _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, sources)
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])

@@ -36,8 +36,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../lltm_checks.h"
 #include "../lltm_sequence.h"
+#include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
 #include "lltm_cpu_recurrence.h"
 #include "lltm_cpu_rows.h"

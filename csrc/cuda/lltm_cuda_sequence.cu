@@ -27,8 +27,8 @@
 #include <tuple>
 #include <vector>
 
-#include "../lltm_checks.h"
 #include "../lltm_sequence.h"
+#include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_pointwise.cuh"

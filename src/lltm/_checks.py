@@ -1,8 +1,9 @@
 """Argument checks of the lltm operators, as the C++ kernels make them.
 
-This mirrors csrc/lltm_checks.h message for message: the fake kernels and the
-composite kernel run these, so eager, compiled and fallback calls fail alike,
-with a short error naming the argument and what was expected.
+This mirrors csrc/lltm_checks.h and csrc/lltm_sequence_checks.h message for
+message: the fake kernels and the composite kernel run these, so eager,
+compiled and fallback calls fail alike, with a short error naming the argument
+and what was expected.
 """
 
 from __future__ import annotations
