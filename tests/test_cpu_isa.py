@@ -5,10 +5,9 @@ widest the CPU supports is chosen at the first call; LLTM_CPU_ISA caps the
 choice. The variants compute the same values (AVX2 and AVX-512 even bit for
 bit), so results cannot tell which one ran: lltm._C.cpu_isa() says, and the
 tests here hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity,
-sequence and thread suites run again in a subprocess per variant below the
-default one: the baseline set also takes another path through the sequence
-kernels (torch's GEMM for the per-step products, where AVX2/AVX-512 use the
-packed kernel of lltm_cpu_gemm.h).
+sequence, fused-step and thread suites run again in a subprocess per variant
+below the default one: each set has its own vector width and tile height in
+the sequence kernels' fused steps (lltm_cpu_recurrence.h).
 """
 
 from __future__ import annotations
@@ -151,10 +150,17 @@ def test_info_names_the_set_in_use():
 
 
 # The suites that reach the kernels' ISA-specific code: the pointwise spans
-# of every dtype and layout, the sequence kernels' per-step products, and the
-# split of the work between threads. Compilation and opcheck test the Python
-# registration, the same for every variant: left to the default run.
-SUITES = ["test_parity.py", "test_sequence.py", "test_threads.py", "test_layouts.py"]
+# of every dtype and layout, the sequence kernels' fused steps (their own
+# tests at every tile, vector and pass boundary, and the sequence suite), and
+# the split of the work between threads. Compilation and opcheck test the
+# Python registration, the same for every variant: left to the default run.
+SUITES = [
+    "test_parity.py",
+    "test_sequence.py",
+    "test_fused_steps.py",
+    "test_threads.py",
+    "test_layouts.py",
+]
 
 
 @pytest.mark.skipif(not X86_64, reason="the AVX2/AVX-512 variants exist on x86-64 only")

@@ -77,6 +77,19 @@ def test_no_bias_means_no_parameter_and_no_bias_work():
     # Gradients flow to the weights as usual.
     output.sum().backward()
     assert all(p.grad is not None for p in module.parameters())
+    # Frozen (nothing requires grad, grad mode on): the same outputs, no graph.
+    module.requires_grad_(False)
+    frozen, (frozen_h, frozen_c) = module(x)
+    torch.testing.assert_close((frozen, frozen_h, frozen_c), (output, h_n, c_n))
+    assert frozen.grad_fn is None
+
+
+def test_a_cell_without_bias_when_nothing_requires_grad():
+    x, weights, bias, h, c = lltm.reference.example_inputs(2, 3, 4)
+    new_h, new_cell = lltm.lltm_cell(x, weights, None, h, c)
+    expected = lltm.reference.lltm_cell(x, weights, torch.zeros_like(bias), h, c)
+    torch.testing.assert_close((new_h, new_cell), expected)
+    assert new_h.grad_fn is None
 
 
 def test_no_bias_when_nothing_requires_grad():

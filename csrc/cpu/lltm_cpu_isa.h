@@ -1,7 +1,7 @@
 // Which x86-64 instruction set lltm's CPU kernels run, chosen at run time.
 //
 // On x86-64 with GCC or Clang the vectorized kernels (lltm_cpu_spans.h,
-// lltm_cpu_gemm.h) are compiled a second and third time, for AVX2+FMA and
+// lltm_cpu_recurrence.h) are compiled a second and third time, for AVX2+FMA and
 // for AVX-512, and the widest set the CPU supports is picked once, at the
 // first kernel call. The baseline (SSE2 on x86-64, NEON on arm64) is always
 // there, so the library runs on any CPU of its architecture.

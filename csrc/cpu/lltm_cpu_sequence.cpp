@@ -7,22 +7,22 @@
 //             W_h^T and the cell's pointwise pass, which activates gates_t in
 //             place and writes output_t and cells_t. The bias joins the
 //             pre-activations in the GEMMs, as in the cell.
-//             (With the packed kernel each step computes its own projection,
-//             for the rows it is about to use.)
 //   backward: step by step, last first: the cell's pointwise backward into
 //             d_gates_t and the gradient of c_prev, then the gradient of
 //             h_prev = d_gates_t @ W_h. After the loop, over all steps at once:
 //             grad_weights = d_gates^T @ [h_prev, input] (one GEMM),
 //             grad_input = d_gates @ W_x (one GEMM); grad_bias is summed along
 //             the way.
-// Steps run on a running state: step t updates its first batch_sizes[t]
-// rows, the others keep theirs, which is what a PackedSequence needs in both
-// directions (sequence_forward's contract: src/lltm/ops/library.py). The
-// per-step products are the packed kernel of lltm_cpu_gemm.h where there is
-// one (float and double on AVX2/AVX-512, with W_h packed once per call),
-// torch's GEMM otherwise; with several threads each step's rows are split
-// between them, product and pointwise pass alike, so a step is one parallel
-// region.
+// Steps run on a running state: step t updates its first batch_sizes[t] rows,
+// the others keep theirs, which is what a PackedSequence needs in both
+// directions (sequence_forward's contract: src/lltm/ops/library.py). In float
+// and double the steps are the fused kernels of lltm_cpu_recurrence.h, where
+// they exist (GCC and Clang builds): the weights packed once per call, each
+// step one pass of register tiles that computes its pre-activations (input
+// projection included) and ends in the cell's pointwise work on the values it
+// holds; forward and backward alike. With several threads each thread carries a
+// block of batch rows through every step. In 16-bit, and where there are no
+// fused kernels, each step is the cell's computation with torch's GEMM.
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -39,7 +39,7 @@
 #include "../lltm_sequence.h"
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_gemm.h"
+#include "lltm_cpu_recurrence.h"
 #include "lltm_cpu_rows.h"
 #include "lltm_cpu_torch_ops.h"
 
@@ -50,28 +50,12 @@ namespace {
 // one core, about what splitting it between threads costs.
 constexpr int64_t kMinParallelProduct = 1 << 18;
 
-// Row r of a tensor laid out like the input: (steps, batch, width), rows
-// counted step by step, or packed (rows, width).
+// Row r of a tensor laid out like the input (lltm_cpu_recurrence.h).
 template <typename S>
-struct SequenceRows {
-  S* data;
-  int64_t batch;
-  bool packed;
-  int64_t stride0, stride1, stride2;
-
-  SequenceRows(const Tensor& t, const SequenceSizes& n)
-      : data(static_cast<S*>(t.data_ptr())),
-        batch(n.batch),
-        packed(n.packed),
-        stride0(t.stride(0)),
-        stride1(t.stride(1)),
-        stride2(n.packed ? 0 : t.stride(2)) {}
-
-  RowRef<S> row(int64_t r) const {
-    if (packed) return {data + r * stride0, stride1};
-    return {data + (r / batch) * stride0 + (r % batch) * stride1, stride2};
-  }
-};
+SequenceRows<S> sequence_rows(const Tensor& t, const SequenceSizes& n) {
+  return {static_cast<S*>(t.data_ptr()), n.batch, n.packed, t.stride(0), t.stride(1),
+          n.packed ? 0 : t.stride(2)};
+}
 
 // A tensor of the input's layout as a (rows, width) matrix, for the GEMMs
 // over all steps: a view where the steps and batch merge, else a copy.
@@ -113,7 +97,7 @@ struct RowBlocks {
 // Blocks of whole register tiles, as many as threads when the sequence's
 // recurrent products (`work` multiply-adds) are worth splitting.
 RowBlocks split_rows(int64_t batch, int64_t work) {
-  constexpr int64_t kTileRows = 8;  // a multiple of every packed kernel's tile
+  constexpr int64_t kTileRows = 8;  // a multiple of every fused kernel's tile height
   const int64_t threads = torch::stable::get_num_threads();
   const int64_t tiles = (batch + kTileRows - 1) / kTileRows;
   if (threads < 2 || tiles < 2 || work < kMinParallelProduct) return {1, batch};
@@ -121,15 +105,53 @@ RowBlocks split_rows(int64_t batch, int64_t work) {
   return {count, (tiles + count - 1) / count * kTileRows};
 }
 
-// The bias as a dense row, copied once per call (zeros without a bias: the
-// packed GEMM accumulates onto the row it starts from).
-template <typename scalar_t>
-std::vector<scalar_t> dense_bias(const std::optional<Tensor>& bias, int64_t size) {
-  std::vector<scalar_t> out(size, scalar_t(0));
-  if (!bias.has_value()) return out;
-  const Matrix<const scalar_t> b = row_of<const scalar_t>(*bias);
-  for (int64_t k = 0; k < size; ++k) out[k] = b.data[k * b.col_stride];
-  return out;
+// The steps in the order they run, for the fused kernels.
+struct RunOrder {
+  std::vector<int64_t> sizes, starts;
+
+  explicit RunOrder(const Schedule& schedule) {
+    for (int64_t k = 0; k < schedule.steps(); ++k) {
+      sizes.push_back(schedule.sizes[schedule.step(k)]);
+      starts.push_back(schedule.starts[schedule.step(k)]);
+    }
+  }
+  StepOrder view() const {
+    return {static_cast<int64_t>(sizes.size()), sizes.data(), starts.data()};
+  }
+};
+
+template <typename T>
+constexpr bool kHasFusedSteps = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// The forward of every step with the fused kernels (lltm_cpu_recurrence.h).
+template <typename T>
+void fused_forward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes& n,
+                         const Schedule& schedule, const Tensor& x, const Tensor& weights,
+                         const std::optional<Tensor>& bias, const Tensor& h0, const Tensor& c0,
+                         Tensor& output, Tensor& gates, Tensor& cells) {
+  const int64_t S = n.state;
+  const ForwardPanels<T> panels(
+      static_cast<const T*>(weights.data_ptr()), weights.stride(0), weights.stride(1),
+      bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr,
+      bias.has_value() ? bias->stride(0) : 0, S, n.features, kernels.lanes);
+  const RunOrder order(schedule);
+  const ForwardSteps<T> steps{order.view(),
+                              S,
+                              n.features,
+                              static_cast<const T*>(x.data_ptr()),
+                              x.stride(0),
+                              static_cast<const T*>(h0.data_ptr()),
+                              h0.stride(0),
+                              static_cast<const T*>(c0.data_ptr()),
+                              c0.stride(0),
+                              c0.stride(1),
+                              static_cast<T*>(gates.data_ptr()),
+                              static_cast<T*>(output.data_ptr()),
+                              static_cast<T*>(cells.data_ptr()),
+                              &panels};
+  const RowBlocks blocks = split_rows(n.batch, n.rows * (S + n.features) * 3 * S);
+  blocks.run(n.batch,
+             [&](int64_t, int64_t first, int64_t last) { kernels.forward(steps, first, last); });
 }
 
 // `x` is the input as (rows, features) with contiguous rows; `h0` has
@@ -139,6 +161,13 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
                             const Tensor& weights, const std::optional<Tensor>& bias,
                             const Tensor& h0, const Tensor& c0, Tensor& output, Tensor& gates,
                             Tensor& cells) {
+  if constexpr (kHasFusedSteps<scalar_t>) {
+    if (const RecurrentKernels<scalar_t>* kernels = recurrent_kernels<scalar_t>()) {
+      fused_forward_steps<scalar_t>(*kernels, n, schedule, x, weights, bias, h0, c0, output, gates,
+                                    cells);
+      return;
+    }
+  }
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
   scalar_t* out = static_cast<scalar_t*>(output.data_ptr());
@@ -146,16 +175,6 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
   scalar_t* c1 = static_cast<scalar_t*>(cells.data_ptr());
   const Matrix<const scalar_t> h_init = matrix_of<const scalar_t>(h0);  // contiguous rows
   const Matrix<const scalar_t> c_init = matrix_of<const scalar_t>(c0);
-  const GemmKernel<scalar_t>* packed = packed_gemm<scalar_t>();
-  std::optional<PackedPanels<scalar_t>> w_h_t, w_x_t;
-  if (packed != nullptr) {
-    // B = W_h^T: B[k][j] = W[j][k], k < state, j < 3 * state; and W_x^T, the
-    // columns of W from `state` on.
-    const scalar_t* w = static_cast<const scalar_t*>(weights.data_ptr());
-    w_h_t.emplace(w, S, 3 * S, weights.stride(1), weights.stride(0), packed->panel);
-    w_x_t.emplace(w + S * weights.stride(1), n.features, 3 * S, weights.stride(1),
-                  weights.stride(0), packed->panel);
-  }
   const scalar_t* x_data = static_cast<const scalar_t*>(x.data_ptr());
   const int64_t x_stride = x.stride(0);
   // Row r's state before the k-th step: that of the step run before when it
@@ -176,36 +195,6 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
       forward_row(buf, g + row * 3 * S, c_prev(k, r), out + row * S, c1 + row * S, S);
     }
   };
-
-  if (packed != nullptr) {
-    // Each step of a block: gates = b + x_t @ W_x^T + h_prev @ W_h^T for its
-    // rows (the input projection too: no separate pass over `gates`),
-    // accumulated in the math type, then the pointwise pass, while those
-    // rows are in cache.
-    const std::vector<scalar_t> b = dense_bias<scalar_t>(bias, 3 * S);
-    const RowBlocks blocks = split_rows(n.batch, n.rows * (S + n.features) * 3 * S);
-    blocks.run(n.batch, [&](int64_t, int64_t first, int64_t last) {
-      ForwardBuffers<T> buf;
-      std::vector<const scalar_t*> a_rows(last - first);
-      for (int64_t k = 0; k < schedule.steps(); ++k) {
-        const int64_t t = schedule.step(k);
-        const int64_t end = std::min(last, schedule.sizes[t]);
-        if (end <= first) continue;
-        scalar_t* step_gates = g + (schedule.starts[t] + first) * 3 * S;
-        for (int64_t r = first; r < end; ++r) {
-          a_rows[r - first] = x_data + (schedule.starts[t] + r) * x_stride;
-          std::copy(b.begin(), b.end(), step_gates + (r - first) * 3 * S);
-        }
-        packed->run(end - first, a_rows.data(), w_x_t->data.get(), n.features, 3 * S, step_gates,
-                    3 * S, /*accumulate=*/true);
-        for (int64_t r = first; r < end; ++r) a_rows[r - first] = h_prev(k, r);
-        packed->run(end - first, a_rows.data(), w_h_t->data.get(), S, 3 * S, step_gates, 3 * S,
-                    /*accumulate=*/true);
-        pointwise(buf, k, first, end);
-      }
-    });
-    return;
-  }
 
   // torch's GEMM. In 16-bit, each step as the cell does it: [h_prev, x_t]
   // and one GEMM with the bias, so that the pre-activations are rounded once
@@ -320,7 +309,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
 
 // --- Backward ------------------------------------------------------------------------
 
-// What one block of rows needs while a step runs, made once per call.
+// What the steps of the unfused backward need, made once per call.
 template <typename scalar_t, typename T = acc_t<scalar_t>>
 struct BackwardWorkspace {
   BackwardBuffers<T> buf;
@@ -340,36 +329,71 @@ struct BackwardWorkspace {
   }
 };
 
+// Backpropagation through time with the fused kernels (lltm_cpu_recurrence.h).
+template <typename T>
+void fused_backward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes& n,
+                          const Schedule& schedule, const std::optional<Tensor>& grad_output,
+                          const Tensor& gates, const Tensor& cells, const Tensor& weights,
+                          Tensor& d_gates, Tensor& grad_h, Tensor& grad_c, T* grad_bias,
+                          bool want_old_h) {
+  const int64_t S = n.state;
+  const BackwardPanels<T> panels(static_cast<const T*>(weights.data_ptr()), weights.stride(0),
+                                 weights.stride(1), S, kernels.lanes);
+  const RunOrder order(schedule);
+  BackwardSteps<T> steps{order.view(),
+                         S,
+                         grad_output.has_value(),
+                         {},
+                         sequence_rows<const T>(gates, n),
+                         sequence_rows<const T>(cells, n),
+                         static_cast<T*>(d_gates.data_ptr()),
+                         static_cast<T*>(grad_h.data_ptr()),
+                         static_cast<T*>(grad_c.data_ptr()),
+                         &panels,
+                         want_old_h};
+  if (grad_output.has_value()) steps.dy = sequence_rows<const T>(*grad_output, n);
+  const RowBlocks blocks = split_rows(n.batch, n.rows * 3 * S * S);
+  // grad_bias: each block's column sums in double, added up at the end.
+  std::vector<double> sums(grad_bias != nullptr ? blocks.count * 3 * S : 0, 0.0);
+  blocks.run(n.batch, [&](int64_t block, int64_t first, int64_t last) {
+    kernels.backward(steps, first, last, sums.empty() ? nullptr : sums.data() + block * 3 * S);
+  });
+  if (grad_bias != nullptr) {
+    for (int64_t j = 0; j < 3 * S; ++j) {
+      double total = 0;
+      for (int64_t b = 0; b < blocks.count; ++b) total += sums[b * 3 * S + j];
+      grad_bias[j] = static_cast<T>(total);
+    }
+  }
+}
+
 template <typename scalar_t>
 void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                              const std::optional<Tensor>& grad_output, const Tensor& gates,
                              const Tensor& cells, const Tensor& weights, Tensor& d_gates,
                              Tensor& grad_h, Tensor& grad_c, scalar_t* grad_bias, bool want_old_h) {
+  if constexpr (kHasFusedSteps<scalar_t>) {
+    if (const RecurrentKernels<scalar_t>* kernels = recurrent_kernels<scalar_t>()) {
+      fused_backward_steps<scalar_t>(*kernels, n, schedule, grad_output, gates, cells, weights,
+                                     d_gates, grad_h, grad_c, grad_bias, want_old_h);
+      return;
+    }
+  }
   using T = acc_t<scalar_t>;
   const int64_t S = n.state;
-  const SequenceRows<const scalar_t> g(gates, n), c1(cells, n);
+  const SequenceRows<const scalar_t> g = sequence_rows<const scalar_t>(gates, n);
+  const SequenceRows<const scalar_t> c1 = sequence_rows<const scalar_t>(cells, n);
   std::optional<SequenceRows<const scalar_t>> dy;
-  if (grad_output.has_value()) dy.emplace(*grad_output, n);
+  if (grad_output.has_value()) dy = sequence_rows<const scalar_t>(*grad_output, n);
   scalar_t* dg = static_cast<scalar_t*>(d_gates.data_ptr());  // contiguous (rows, 3S)
   scalar_t* dh = static_cast<scalar_t*>(grad_h.data_ptr());   // contiguous (batch, S)
   scalar_t* dc = static_cast<scalar_t*>(grad_c.data_ptr());
-  const GemmKernel<scalar_t>* packed = packed_gemm<scalar_t>();
-  std::optional<PackedPanels<scalar_t>> w_h;
-  if (packed != nullptr) {
-    // B = W_h: B[k][j] = W[k][j], k < 3 * state, j < state.
-    w_h.emplace(static_cast<const scalar_t*>(weights.data_ptr()), 3 * S, S, weights.stride(0),
-                weights.stride(1), packed->panel);
-  }
   const Tensor w_h_view = column_block(weights, 0, S, false);
-  const RowBlocks blocks =
-      packed != nullptr ? split_rows(n.batch, n.rows * 3 * S * S) : RowBlocks{1, n.batch};
-  std::vector<BackwardWorkspace<scalar_t>> workspaces;
-  workspaces.reserve(blocks.count);
-  for (int64_t b = 0; b < blocks.count; ++b) workspaces.emplace_back(S);
+  BackwardWorkspace<scalar_t> ws(S);
 
   // d_gates of rows [first, end) of step t and the gradient of c_prev (into
   // grad_c); their d_gates also join the workspace's grad_bias sums.
-  auto pointwise = [&](BackwardWorkspace<scalar_t>& ws, int64_t start, int64_t first, int64_t end) {
+  auto pointwise = [&](int64_t start, int64_t first, int64_t end) {
     T* bias = ws.bias.data();
     for (int64_t r = first; r < end; ++r) {
       const int64_t row = start + r;
@@ -397,44 +421,20 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
     }
   };
 
-  if (packed != nullptr) {
-    blocks.run(n.batch, [&](int64_t block, int64_t first, int64_t last) {
-      BackwardWorkspace<scalar_t>& ws = workspaces[block];
-      std::vector<const scalar_t*> a_rows(last - first);
-      for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
-        const int64_t t = schedule.step(k);
-        const int64_t start = schedule.starts[t];
-        const int64_t end = std::min(last, schedule.sizes[t]);
-        if (end <= first) continue;
-        pointwise(ws, start, first, end);
-        // The first step's product only feeds grad_old_h. (So do those of
-        // rows joining a packed reverse run late; they are few and kept.)
-        if (k == 0 && !want_old_h) continue;
-        for (int64_t r = first; r < end; ++r) a_rows[r - first] = dg + (start + r) * 3 * S;
-        packed->run(end - first, a_rows.data(), w_h->data.get(), 3 * S, S, dh + first * S, S,
-                    /*accumulate=*/false);
-      }
-    });
-  } else {
-    for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
-      const int64_t t = schedule.step(k);
-      const int64_t size = schedule.sizes[t];
-      const int64_t start = schedule.starts[t];
-      pointwise(workspaces[0], start, 0, size);
-      if (size > 0 && (k > 0 || want_old_h)) {
-        Tensor dh_rows = reshaped_view(grad_h, size, S, S, 1, 0);
-        addmm_out(dh_rows, dh_rows, reshaped_view(d_gates, size, 3 * S, 3 * S, 1, start * 3 * S),
-                  w_h_view, 0.0);
-      }
+  for (int64_t k = schedule.steps() - 1; k >= 0; --k) {
+    const int64_t t = schedule.step(k);
+    const int64_t size = schedule.sizes[t];
+    const int64_t start = schedule.starts[t];
+    pointwise(start, 0, size);
+    if (size > 0 && (k > 0 || want_old_h)) {
+      Tensor dh_rows = reshaped_view(grad_h, size, S, S, 1, 0);
+      addmm_out(dh_rows, dh_rows, reshaped_view(d_gates, size, 3 * S, 3 * S, 1, start * 3 * S),
+                w_h_view, 0.0);
     }
   }
   if (grad_bias != nullptr) {
-    for (auto& ws : workspaces) ws.fold();
-    for (int64_t j = 0; j < 3 * S; ++j) {
-      double total = 0;
-      for (const auto& ws : workspaces) total += ws.bias_total[j];
-      grad_bias[j] = static_cast<scalar_t>(total);
-    }
+    ws.fold();
+    for (int64_t j = 0; j < 3 * S; ++j) grad_bias[j] = static_cast<scalar_t>(ws.bias_total[j]);
   }
 }
 
@@ -453,7 +453,8 @@ void previous_state_and_input(const SequenceSizes& n, const Schedule& schedule,
                               const Tensor& output, const Tensor& old_h, const Tensor& input,
                               Tensor& x) {
   const int64_t S = n.state, F = n.features;
-  const SequenceRows<const scalar_t> y(output, n), in(input, n);
+  const SequenceRows<const scalar_t> y = sequence_rows<const scalar_t>(output, n);
+  const SequenceRows<const scalar_t> in = sequence_rows<const scalar_t>(input, n);
   const Matrix<const scalar_t> h0 = matrix_of<const scalar_t>(old_h);
   scalar_t* out = static_cast<scalar_t*>(x.data_ptr());
   for (int64_t k = 0; k < schedule.steps(); ++k) {

@@ -36,13 +36,7 @@ def lltm_cell(
             or devices; the message starts with ``lltm:`` and names the
             argument and what was expected.
     """
-    args = (input, weights, bias, old_h, old_cell)
-    if not all(isinstance(t, Tensor) or (t is None and i == 2) for i, t in enumerate(args)):
-        # The dispatcher's own message is long and names no expected type.
-        # (Checked up front, not in an `except`: torch.compile reports errors
-        # raised inside an exception handler as graph breaks.)
-        check_forward_args(*args)  # raises a TypeError naming the argument
-    return ops.cell(*args)
+    return ops.cell(input, weights, bias, old_h, old_cell)
 
 
 def lltm_sequence(

@@ -16,7 +16,6 @@ from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops, reference
-from .functional import lltm_cell
 
 
 class LLTM(reference.LLTM):
@@ -44,7 +43,18 @@ class LLTM(reference.LLTM):
     def forward(self, input: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """One step: ``(new_h, new_cell)`` from ``input`` and ``state = (old_h, old_cell)``."""
         old_h, old_cell = state
-        return lltm_cell(input, self.weights, self.bias, old_h, old_cell)
+        # nn.Module finds a parameter in __getattr__, once Python's own lookup
+        # has failed with an exception; reading the dict the parameter lives
+        # in costs a fraction of that, on every step. A parametrization,
+        # pruning or weight_norm takes it out of that dict, and the attribute
+        # is then read as usual.
+        parameters = self._parameters
+        weights = parameters.get("weights")
+        if weights is not None and "bias" in parameters:
+            bias = parameters["bias"]
+        else:
+            weights, bias = self.weights, self.bias
+        return ops.cell(input, weights, bias, old_h, old_cell)
 
     def extra_repr(self) -> str:
         """The sizes, shown in the module's repr."""

@@ -7,7 +7,10 @@ Three kinds of case share everything but how they are built:
 * per-sample: the gradients of the parameters for each of ``batch`` samples
   (one sequence each) apart, as differentially private training and
   per-example gradient statistics need them. Only the ``step`` phase: there
-  is no forward to time apart from the backward.
+  is no forward to time apart from the backward;
+* overhead: one cell step at the smallest size, where the kernels do almost
+  nothing and what is timed is what every call costs around them: the
+  forward under ``torch.no_grad()`` (phase ``no_grad``) and the step.
 
 Every LLTM implementation of a case gets the same weights (those of one
 :class:`lltm.reference.LLTM`) and the same inputs. Which tensors require grad
@@ -33,6 +36,9 @@ from .. import reference
 from ..module import LLTM, LLTMSequence
 
 PHASES = ("forward", "backward", "step")
+# The forward under torch.no_grad(): inference, no graph recorded. Timed by
+# the overhead case only.
+NO_GRAD = "no_grad"
 
 # --sweep: (batch, features, state) from below the tutorial's size to a large layer.
 SWEEP = (
@@ -75,6 +81,9 @@ class Kind:
     """Whether the bytes one forward saves for backward are measured."""
     sequences: bool = True
     """Whether a case runs whole sequences (its sizes have a seq_len)."""
+    counts_flops: bool = False
+    """Whether its LLTM implementations' rows report GFLOP/s of the products
+    they need (product_flops), against a large GEMM timed in the same run."""
 
 
 CELL = Kind(
@@ -90,6 +99,7 @@ SEQUENCE = Kind(
     defaults=("reference-loop", "lltm-loop", "lltm-sequence", "lstm"),
     baseline="reference-loop",
     rival="lstm",
+    counts_flops=True,
 )
 PER_SAMPLE = Kind(
     "per-sample",
@@ -101,11 +111,30 @@ PER_SAMPLE = Kind(
     phases=("step",),
     saved_memory=False,
 )
-KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE)}
+OVERHEAD = Kind(
+    "overhead",
+    implementations=("reference", "lltm", "lstmcell"),
+    defaults=("reference", "lltm", "lstmcell"),
+    baseline="reference",
+    rival="lstmcell",
+    phases=(NO_GRAD, "step"),
+    saved_memory=False,
+    sequences=False,
+)
+KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE, OVERHEAD)}
+
+# --overhead without -b, -f or -s: the smallest cell.
+OVERHEAD_SIZE = (1, 2, 2)
 
 # --per-sample without -b or --seq-len: 32 samples of 50 steps.
 PER_SAMPLE_BATCH = 32
 PER_SAMPLE_SEQ_LEN = 50
+
+
+# The large GEMM whose rate a run's GFLOP/s are compared with: square, of
+# this size, in the run's dtype on its device (torch.mm). Large enough that
+# the library runs it near the core's (or the GPU's) peak.
+LARGE_GEMM = {"cpu": 1024, "cuda": 4096}
 
 
 def kind_of(size: Size) -> Kind:
@@ -136,6 +165,10 @@ class Case:
 
     def step(self) -> Any:
         """One training step: forward and backward."""
+        raise NotImplementedError
+
+    def no_grad(self) -> Any:
+        """One forward pass under ``torch.no_grad()``."""
         raise NotImplementedError
 
     def phase(self, name: str) -> Callable[[], Any]:
@@ -171,6 +204,11 @@ class AutogradCase(Case):
     def forward(self) -> Any:
         """Calls the module."""
         return self.call()
+
+    def no_grad(self) -> Any:
+        """Calls the module under ``torch.no_grad()``."""
+        with torch.no_grad():
+            return self.call()
 
     def backward(self) -> Any:
         """Gradients of the leaves, from one graph kept for every backward block."""
@@ -452,6 +490,43 @@ def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTenso
     if inputs_grad:
         backward.append(lambda: torch.mm(d_gates, weights))
     return GemmCase([lambda: torch.mm(x, weights.t())], backward)
+
+
+def product_flops(size: Size, inputs_grad: bool = False) -> dict[str, int]:
+    """Floating-point operations (2 per multiply-add) of a sequence's matrix products, per phase.
+
+    Those the ``gemm`` case computes (its docstring lists them). The pointwise
+    work is not counted.
+    """
+    t, b, f, s = size.seq_len or 0, size.batch, size.features, size.state
+    projection, recurrent = 2 * t * b * f * 3 * s, 2 * b * s * 3 * s
+    weight_grad = 2 * 3 * s * t * b * (s + f)
+    forward = projection + t * recurrent
+    backward = (t if inputs_grad else max(t - 1, 0)) * recurrent + weight_grad
+    if inputs_grad:
+        backward += projection
+    return {"forward": forward, "backward": backward, "step": forward + backward}
+
+
+def flops_of(kind: Kind, impl: str, size: Size, inputs_grad: bool) -> dict[str, int] | None:
+    """product_flops for the LLTM implementations of a kind that counts them.
+
+    None for nn.LSTM, whose products are those of four gates: not comparable.
+    """
+    if not kind.counts_flops or impl == kind.rival:
+        return None
+    return product_flops(size, inputs_grad)
+
+
+def large_gemm(device: torch.device, dtype: torch.dtype) -> tuple[Callable[[], Tensor], int, int]:
+    """(the product, its size n, its floating-point operations) of the large GEMM.
+
+    An n x n by n x n torch.mm in the run's dtype on its device.
+    """
+    n = LARGE_GEMM.get(device.type, LARGE_GEMM["cpu"])
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
+    return (lambda: torch.mm(a, b)), n, 2 * n**3
 
 
 def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:

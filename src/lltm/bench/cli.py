@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import platform
+import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +14,10 @@ import torch
 
 from .._version import __version__
 from . import cases, report, timing
-from .cases import CELL, PER_SAMPLE, SEQUENCE, Kind, Size
+from .cases import CELL, OVERHEAD, PER_SAMPLE, SEQUENCE, Kind, Size
+
+# The name under which the large GEMM is timed (never an implementation's).
+LARGE_GEMM = "large-gemm"
 
 DTYPES = {
     "float32": torch.float32,
@@ -89,6 +93,12 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     impls = list(dict.fromkeys([kind.baseline, *args.impl]))  # speed-ups are against it
     blocks_per_impl = len(kind.phases) * args.runs
     results: list[timing.Result] = []
+    # The large GEMM the products' GFLOP/s are compared with, taking its turn
+    # in every round at every size: its blocks over the whole run.
+    gemm_fn, gemm_n, gemm_flops = (
+        cases.large_gemm(device, dtype) if kind.counts_flops else (None, 0, 0)
+    )
+    gemm_times: list[float] = []
     with timing.progress(
         len(sizes) * len(impls) * blocks_per_impl, len(sizes) > 1 and not args.quiet
     ) as start:
@@ -115,13 +125,20 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     results.append(timing.Result(size, impl, error=message))
                     for _ in range(blocks_per_impl):
                         advance()
+            extra = {LARGE_GEMM: gemm_fn} if gemm_fn is not None and ready else None
             times = timing.measure(
-                ready, args.runs, threads, args.block_seconds, advance, phases=kind.phases
+                ready, args.runs, threads, args.block_seconds, advance, kind.phases, extra
             )
+            gemm_times += times.get(LARGE_GEMM, {}).get("step", [])
             for case in ready:
-                result = timing.Result(size, case.impl, times=times[case.impl])
+                result = timing.Result(
+                    size,
+                    case.impl,
+                    times=times[case.impl],
+                    flops=cases.flops_of(kind, case.impl, size, args.inputs_grad),
+                )
                 with contextlib.suppress(Exception):
-                    saved = case.saved_for_backward()
+                    saved = case.saved_for_backward() if kind.saved_memory else None
                     if saved is not None:
                         result.saved_bytes, result.saved_beyond_inputs_bytes = saved
                 results.append(result)
@@ -132,6 +149,12 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     env["case"] = kind.name
     env["inputs_grad"] = args.inputs_grad
     env["seq_len"] = args.seq_len
+    if gemm_times:
+        env["large_gemm"] = {
+            "n": gemm_n,
+            "gflops": gemm_flops / statistics.median(gemm_times) / 1e9,
+            "blocks": len(gemm_times),
+        }
     return results, env
 
 
@@ -142,6 +165,8 @@ def kind_of_args(args: argparse.Namespace) -> Kind:
     """What the arguments time: per-sample gradients, sequences or cell steps."""
     if args.per_sample:
         return PER_SAMPLE
+    if args.overhead:
+        return OVERHEAD
     return SEQUENCE if args.seq_len else CELL
 
 
@@ -202,10 +227,18 @@ def parser() -> argparse.ArgumentParser:
         "-b",
         "--batch-size",
         type=int,
-        help=f"default 16; with --per-sample the number of samples, default {cases.PER_SAMPLE_BATCH}",
+        help=f"default 16; with --per-sample the number of samples, default {cases.PER_SAMPLE_BATCH}; "
+        f"with --overhead {cases.OVERHEAD_SIZE[0]}",
     )
-    size.add_argument("-f", "--features", type=int, default=32)
-    size.add_argument("-s", "--state-size", type=int, default=128)
+    size.add_argument(
+        "-f", "--features", type=int, help=f"default 32; with --overhead {cases.OVERHEAD_SIZE[1]}"
+    )
+    size.add_argument(
+        "-s",
+        "--state-size",
+        type=int,
+        help=f"default 128; with --overhead {cases.OVERHEAD_SIZE[2]}",
+    )
     size.add_argument(
         "--sweep",
         action="store_true",
@@ -232,6 +265,14 @@ def parser() -> argparse.ArgumentParser:
         f"of length {cases.PER_SAMPLE_SEQ_LEN} unless --seq-len says otherwise",
     )
     what.add_argument(
+        "--overhead",
+        action="store_true",
+        help="time what each call costs instead: one cell step at the smallest size ("
+        + "x".join(map(str, cases.OVERHEAD_SIZE))
+        + " unless -b, -f, -s or --sizes say otherwise), the forward under torch.no_grad() "
+        "and forward + backward, against nn.LSTMCell and the reference",
+    )
+    what.add_argument(
         "--inputs-grad",
         action="store_true",
         help="the inputs and state require grad too (default: only the parameters, "
@@ -242,7 +283,8 @@ def parser() -> argparse.ArgumentParser:
         type=_names,
         metavar="NAMES",
         help=f"comma-separated implementations; cell: {_choices(CELL)}; "
-        f"sequence: {_choices(SEQUENCE)}; per-sample: {_choices(PER_SAMPLE)}. "
+        f"sequence: {_choices(SEQUENCE)}; per-sample: {_choices(PER_SAMPLE)}; "
+        f"overhead: {_choices(OVERHEAD)}. "
         "The baseline (reference, reference-loop, lltm-loop) always runs",
     )
     what.add_argument(
@@ -297,13 +339,23 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     args.argv = list(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
+    if args.overhead and args.per_sample:
+        p.error("--overhead and --per-sample: one kind of case per run")
+    if args.overhead and args.seq_len:
+        p.error("--overhead times one cell step: no --seq-len")
     kind = kind_of_args(args)
     if kind is PER_SAMPLE:
         if args.inputs_grad:
             p.error("--inputs-grad: per-sample gradients are those of the parameters only")
         args.seq_len = args.seq_len or [cases.PER_SAMPLE_SEQ_LEN]
-    if args.batch_size is None:
-        args.batch_size = cases.PER_SAMPLE_BATCH if kind is PER_SAMPLE else 16
+    if kind is OVERHEAD:
+        batch, features, state = cases.OVERHEAD_SIZE
+    else:
+        batch = cases.PER_SAMPLE_BATCH if kind is PER_SAMPLE else 16
+        features, state = 32, 128
+    args.batch_size = batch if args.batch_size is None else args.batch_size
+    args.features = features if args.features is None else args.features
+    args.state_size = state if args.state_size is None else args.state_size
     names = args.impl or list(kind.defaults)
     if names == ["all"]:
         names = list(kind.implementations)

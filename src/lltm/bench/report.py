@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .cases import KINDS, PER_SAMPLE, Kind, Size
+from .cases import KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, Kind, Size
 from .timing import Result
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
@@ -19,10 +19,13 @@ NAMES = {
     "reference": "the eager reference",
     "reference-loop": "the reference loop",
     "lstm": "nn.LSTM",
+    "lstmcell": "nn.LSTMCell",
     "lltm-loop": "a loop over the samples",
     "lstm-vmap": "nn.LSTM under vmap",
 }
-SHORT = {"forward": "fwd", "backward": "bwd", "step": "step"}
+SHORT = {"forward": "fwd", "backward": "bwd", "step": "step", NO_GRAD: "no-grad fwd"}
+# Column names of the phases, where not the phase's own name.
+LONG = {NO_GRAD: "no-grad forward"}
 # What files written before these fields existed measured: one cell step with
 # inputs that require grad.
 OLD_ENVIRONMENT = {"case": "cell", "inputs_grad": True, "seq_len": None}
@@ -38,6 +41,15 @@ def speedup(results: Sequence[Result], result: Result, phase: str, against: str)
     other = next((r for r in results if r.size == result.size and r.impl == against), None)
     ours, theirs = result.median(phase), other.median(phase) if other else None
     return theirs / ours if ours and theirs else None
+
+
+def of_large_gemm(result: Result, phase: str, env: dict[str, Any]) -> float | None:
+    """A row's GFLOP/s as a fraction of the large GEMM's, timed in the same run.
+
+    None where either is unknown.
+    """
+    gflops, large = result.gflops(phase), env.get("large_gemm")
+    return gflops / large["gflops"] if gflops and large and large.get("gflops") else None
 
 
 def _comparisons(kind: Kind) -> dict[str, str]:
@@ -80,6 +92,11 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
                 "blocks": len(r.times.get(phase) or []),
                 **{key: speedup(results, r, phase, impl) for key, impl in comparisons.items()},
             }
+            if kind.counts_flops:
+                row[phase]["gflops"] = r.gflops(phase)
+                row[phase]["of_large_gemm"] = of_large_gemm(r, phase, env)
+        if kind.counts_flops:
+            row["flops"] = r.flops
         row["saved_for_backward_bytes"] = r.saved_bytes
         row["saved_beyond_inputs_bytes"] = r.saved_beyond_inputs_bytes
         rows.append(row)
@@ -109,6 +126,7 @@ def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
                 saved_bytes=row["saved_for_backward_bytes"],
                 saved_beyond_inputs_bytes=row["saved_beyond_inputs_bytes"],
                 error=row["error"],
+                flops=row.get("flops"),
             )
         )
     return results, env
@@ -124,6 +142,12 @@ def configuration(env: dict[str, Any]) -> str:
             "per-sample gradients of the parameters (one sequence per sample, mean squared "
             "error against a random target), speed-ups against lltm-loop"
         )
+    if kind_of_env(env) is OVERHEAD:
+        grads = "parameters, input, h and c" if env["inputs_grad"] else "parameters only"
+        return (
+            "per-call overhead, one cell step at the smallest size: the forward under "
+            f"torch.no_grad(), and forward + backward with gradients of the {grads}"
+        )
     sequence = env["case"] == "sequence"
     if env["inputs_grad"]:
         state = "input, h_0 and c_0" if sequence else "input, h and c"
@@ -137,10 +161,16 @@ def title(env: dict[str, Any]) -> str:
     """One line that says what was run, where, with which versions."""
     env = {**OLD_ENVIRONMENT, **env}
     where = env.get("gpu") or env["cpu"]
+    large = env.get("large_gemm")
+    gemm = (
+        f"; a large GEMM (torch.mm, {large['n']}^3) ran at {large['gflops']:,.1f} GFLOP/s"
+        if large
+        else ""
+    )
     return (
         f"lltm {env['lltm']}, torch {env['torch']}: {configuration(env)}; "
         f"{env['dtype']} on {env['device']} ({where}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}), "
-        f"{env['blocks']} blocks each"
+        f"{env['blocks']} blocks each{gemm}"
     )
 
 
@@ -159,8 +189,10 @@ def table_rows(
 
     Columns: size (and T for sequences), impl, min / median per phase the
     kind times, speed-ups against the baseline (and the rival, if the kind
-    has one and the run includes it), saved bytes (if the kind measures
-    them). The columns up to ``impl`` are labels, the rest numbers.
+    has one and the run includes it), the step's GFLOP/s of the products it
+    needs and, in parentheses, that as a fraction of the large GEMM's rate
+    in the same run (if the kind counts them), saved bytes (if the kind
+    measures them). The columns up to ``impl`` are labels, the rest numbers.
     """
     kind = kind_of_env(env)
     rival = _rival(kind, results)
@@ -180,13 +212,27 @@ def table_rows(
     def kib(n: int | None) -> str:
         return "-" if n is None else f"{n / 1024:,.0f}"
 
+    def rate(r: Result) -> str:
+        gflops, fraction = r.gflops("step"), of_large_gemm(r, "step", env)
+        if gflops is None:
+            return "-"
+        shown = f"{gflops:,.1f}" if gflops >= 10 else f"{gflops:.3g}"
+        if fraction is not None:
+            shown += f" ({fraction:.2f})" if fraction >= 0.01 else f" ({fraction:.1e})"
+        return shown
+
+    # Runs that counted the products' operations (sequences; not files
+    # written before they were counted).
+    flops = any(r.flops for r in results)
+
     header = [
         "size",
         *(["T"] if kind.sequences else []),
         "impl",
-        *(f"{phase} min / median" for phase in kind.phases),
+        *(f"{LONG.get(phase, phase)} min / median" for phase in kind.phases),
         f"speed-up {phases}",
         *([f"vs {NAMES[rival]} {phases}"] if rival else []),
+        *(["step GFLOP/s (of the large GEMM's)"] if flops else []),
         *(["saved KiB (beyond inputs)"] if kind.saved_memory else []),
     ]
     rows = []
@@ -206,6 +252,7 @@ def table_rows(
                 *(timing(r, phase) for phase in kind.phases),
                 ratios(r, kind.baseline),
                 *([ratios(r, rival)] if rival else []),
+                *([rate(r)] if flops else []),
                 *([saved] if kind.saved_memory else []),
             ]
         )
@@ -267,9 +314,10 @@ TIME_PANELS = {
     "cell": ("time per step", "forward + backward"),
     "sequence": ("time per sequence (all T steps)", "forward + backward"),
     "per-sample": ("time per batch of samples", "every sample's gradients"),
+    "overhead": ("time per step", "forward + backward"),
 }
 # Speed-up lines of a plot, per phase (when the kind times it): line style, marker.
-SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", ".")}
+SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", "."), NO_GRAD: ("--", "x")}
 
 
 def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:

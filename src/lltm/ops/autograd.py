@@ -55,6 +55,7 @@ from .errors import typed
 from .library import (
     backward,
     below_autograd,
+    direct,
     forward,
     sequence_backward,
     sequence_forward,
@@ -289,6 +290,116 @@ class SequenceFunction(_SingleLevelFunction):
             inputs, ctx.reverse, input_tangents[:5], output, gates, cells
         )
         return d_output, d_h_n, d_c_n, None, None
+
+
+# --- Plain eager calls ------------------------------------------------------------
+# What lltm.lltm_cell and the modules apply when only ordinary autograd is in
+# play (eager.py decides): the same kernels and formulas as the Functions
+# above, with nothing that only transforms need. Only the differentiable
+# outputs are outputs (the activations are saved, not returned and marked),
+# nothing is saved for forward mode, and backward goes straight to the kernels
+# unless what it computes may be differentiated again or a torch.func
+# transform runs it, where the Functions above decide. Every step pays for
+# what a Function does per call, which is why these exist.
+
+_forward_kernel_call = direct(forward)
+_backward_kernel_call = direct(backward)
+_sequence_forward_kernel_call = direct(sequence_forward)
+_sequence_backward_kernel_call = direct(sequence_backward)
+
+
+class EagerCellFunction(_SingleLevelFunction):
+    """lltm::forward's kernel and reverse-mode derivative for plain eager calls.
+
+    Outputs (new_h, new_cell). Saves what CellFunction saves, in the same
+    order, so that its backward can stand in for this one's.
+    """
+
+    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
+
+        @staticmethod
+        def apply(
+            input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
+        ) -> tuple[Tensor, Tensor]:
+            """Applies the Function: (new_h, new_cell)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        input: Tensor,
+        weights: Tensor,
+        bias: Tensor | None,
+        old_h: Tensor,
+        old_cell: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Runs the kernel below the autograd key and saves the activations."""
+        with below_autograd():
+            new_h, new_cell, gates = _forward_kernel_call(input, weights, bias, old_h, old_cell)
+        ctx.save_for_backward(input, weights, bias, old_h, old_cell, new_cell, gates)
+        return new_h, new_cell
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: Tensor, grad_cell: Tensor) -> tuple[Tensor | None, ...]:
+        """The gradients autograd asks for, straight from the backward kernel where it can."""
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            return CellFunction.backward(ctx, grad_h, grad_cell, None)
+        # Gradients of outputs that do not reach the loss come as zeros
+        # (materialised by autograd), which the kernel needs anyway.
+        input, weights, _bias, old_h, _old_cell, new_cell, gates = ctx.saved_tensors
+        args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, ctx.needs_input_grad)
+        try:
+            with below_autograd():
+                return _backward_kernel_call(*args)
+        except RuntimeError as error:
+            raise typed(error, backward, args) from None
+
+
+class EagerSequenceFunction(_SingleLevelFunction):
+    """lltm::sequence_forward's kernel and reverse-mode derivative for plain eager calls.
+
+    As EagerCellFunction; outputs (output, h_n, c_n).
+    """
+
+    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
+
+        @staticmethod
+        def apply(
+            input: Tensor,
+            weights: Tensor,
+            bias: Tensor | None,
+            old_h: Tensor,
+            old_cell: Tensor,
+            batch_sizes: Tensor | None,
+            reverse: bool,
+        ) -> tuple[Tensor, Tensor, Tensor]:
+            """Applies the Function: (output, h_n, c_n)."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """Runs the kernel below the autograd key and saves the activations."""
+        with below_autograd():
+            output, h_n, c_n, gates, cells = _sequence_forward_kernel_call(*args)
+        *tensors, reverse = args  # input, weights, bias, old_h, old_cell, batch_sizes
+        ctx.save_for_backward(*tensors, output, gates, cells)
+        ctx.reverse = reverse
+        ctx.set_materialize_grads(False)
+        return output, h_n, c_n
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The gradients autograd asks for, as EagerCellFunction.backward."""
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            return SequenceFunction.backward(ctx, *grads, None, None)
+        input, weights, _bias, old_h, _old_cell, batch_sizes, *saved = ctx.saved_tensors
+        args = (
+            *grads, *saved, input, weights, old_h, batch_sizes, ctx.reverse,
+            ctx.needs_input_grad[:5],
+        )  # fmt: skip
+        try:
+            with below_autograd():
+                return (*_sequence_backward_kernel_call(*args), None, None)
+        except RuntimeError as error:
+            raise typed(error, sequence_backward, args) from None
 
 
 # --- Registration ----------------------------------------------------------------------
