@@ -33,6 +33,7 @@ machine, a full product instead of the three pairs above:
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -182,20 +183,54 @@ def install_torch(
         session.error(f"torch {found} installed where torch {version} was asked for")
 
 
+# CPU wheels built by the sessions of this checkout, by what they were built
+# from: the sessions that build the same sources against the same torch under
+# the same Python (tests, fuzz, cuda_host, slow, docs, ... against the local
+# CPU torch) share one build, minutes of compiling on two cores.
+WHEEL_CACHE = ROOT / ".nox" / ".lltm-wheels"
+# What a wheel is made of: setup.py packages these and nothing else.
+WHEEL_INPUTS = ("csrc", "src", "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE")
+
+
+def _inputs_digest(tree: Path) -> str:
+    digest = hashlib.sha256()
+    for top in WHEEL_INPUTS:
+        paths = [tree / top] if (tree / top).is_file() else sorted((tree / top).rglob("*"))
+        for path in paths:
+            if path.is_file():
+                digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
+                digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
-    """Builds one variant's wheel against ``torch_version`` into ``outdir``."""
+    """Builds one variant's wheel against ``torch_version`` into ``outdir``; a
+    CPU wheel already built from the same inputs, torch and Python is reused.
+    The session gets torch and the build requirements either way."""
     install_torch(session, torch_version, *[r for r in BUILD_REQUIRES if not r.startswith("torch")])
     outdir.mkdir(parents=True, exist_ok=True)
+    source = _source_copy(session)
+    cache = None
+    if variant == "cpu":
+        key = f"torch{torch_version}-py{session.python}-{_inputs_digest(source)}"
+        cache = WHEEL_CACHE / key
+        cached = sorted(cache.glob("*.whl"))
+        if cached:
+            session.log(f"reusing {cached[-1].name}, built from the same sources ({key})")
+            return Path(shutil.copy2(cached[-1], outdir))
     before = set(outdir.glob("*.whl"))
     env = {"LLTM_VARIANT": variant, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
     if variant == "cuda":
         env.setdefault("CUDA_HOME", os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     session.run(
         "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-        "-w", str(outdir), str(_source_copy(session)),
+        "-w", str(outdir), str(source),
         env=env,
     )  # fmt: skip
     built = sorted(set(outdir.glob("*.whl")) - before) or sorted(outdir.glob("*.whl"))
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built[-1], cache)
     return built[-1]
 
 
