@@ -121,7 +121,8 @@ def cpu_variant() -> dict:
         sources=[
             "csrc/lltm_ops.cpp",
             "csrc/cpu/lltm_cpu.cpp",
-            "csrc/cpu/lltm_cpu_sequence.cpp",
+            "csrc/cpu/lltm_cpu_sequence_forward.cpp",
+            "csrc/cpu/lltm_cpu_sequence_backward.cpp",
             "csrc/cpu/module.cpp",
         ],
         define_macros=[*MACROS, ("LLTM_VERSION", VERSION)],
@@ -187,7 +188,8 @@ def cuda_variant() -> dict:
         f"{package}._C",
         sources=[
             "csrc/cuda/lltm_cuda.cu",
-            "csrc/cuda/lltm_cuda_sequence.cu",
+            "csrc/cuda/lltm_cuda_sequence_forward.cu",
+            "csrc/cuda/lltm_cuda_sequence_backward.cu",
             "csrc/cuda/module.cpp",
         ],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).

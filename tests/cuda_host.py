@@ -50,7 +50,8 @@ WHERE = "nox -s cuda_host (LLTM_CUDA_HOST=1 builds and runs it anywhere)"
 SOURCES = [
     "csrc/lltm_ops.cpp",
     "csrc/cuda_host/lltm_cuda.cpp",
-    "csrc/cuda_host/lltm_cuda_sequence.cpp",
+    "csrc/cuda_host/lltm_cuda_sequence_forward.cpp",
+    "csrc/cuda_host/lltm_cuda_sequence_backward.cpp",
     "csrc/cuda_host/plugin_module.cpp",
     "csrc/cuda_host/emulation.cpp",
 ]

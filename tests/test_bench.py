@@ -22,7 +22,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from lltm import bench, reference
-from lltm.bench import cases, cli
+from lltm.bench import cases, cli, flops, kinds
 
 # Tiny and quick: two blocks of about a millisecond per implementation and
 # phase, on one thread (a second thread only adds waits on a busy machine).
@@ -54,7 +54,7 @@ def _rows(report: dict) -> dict[tuple[int | None, str], dict]:
 
 
 def _check_timings(
-    row: dict, comparisons: tuple[str, ...] = ("speedup_vs_reference",), kind=cases.CELL
+    row: dict, comparisons: tuple[str, ...] = ("speedup_vs_reference",), kind=kinds.CELL
 ) -> None:
     assert row["error"] is None
     # A field for each phase the kind times, and none for the others.
@@ -94,7 +94,7 @@ def test_default_is_the_tutorials_configuration(capsys):
     assert "tutorial's configuration" in bench.report.title(env)
     # Only the parameters require grad, and only they are differentiated.
     for impl in ("reference", "lltm", "lstmcell"):
-        case = cases.make_case(impl, cases.Size(2, 3, 4), CPU, torch.float32)
+        case = cases.make_case(impl, kinds.Size(2, 3, 4), CPU, torch.float32)
         x, h, c, *parameters = case.inputs
         assert not (x.requires_grad or h.requires_grad or c.requires_grad)
         assert case.leaves == parameters and len(case.step()) == len(parameters)
@@ -105,7 +105,7 @@ def test_inputs_grad_differentiates_the_inputs_too(capsys):
     env = _run_json(capsys, *EAGER, "--inputs-grad")["environment"]
     assert (env["case"], env["inputs_grad"]) == ("cell", True)
     assert "--inputs-grad" in bench.report.title(env)
-    case = cases.make_case("lltm", cases.Size(2, 3, 4), CPU, torch.float32, inputs_grad=True)
+    case = cases.make_case("lltm", kinds.Size(2, 3, 4), CPU, torch.float32, inputs_grad=True)
     assert case.leaves == case.inputs and len(case.step()) == 5
 
 
@@ -180,18 +180,18 @@ def test_plot_writes_a_png(tmp_path, saved_figures):
 
 def test_plot_axis_names_what_varies():
     axis = bench.report._axis
-    cells = [cases.Size(2, 3, 4), cases.Size(3, 2, 5)]
+    cells = [kinds.Size(2, 3, 4), kinds.Size(3, 2, 5)]
     assert axis(cells, "batch") == (["2x3x4", "3x2x5"], "batch x features x state")
-    lengths = [cases.Size(2, 3, 4, t) for t in (5, 10)]
+    lengths = [kinds.Size(2, 3, 4, t) for t in (5, 10)]
     assert axis(lengths, "batch") == (["5", "10"], "sequence length T (at 2x3x4)")
-    samples = [cases.Size(b, 3, 4, 50) for b in (1, 8)]
+    samples = [kinds.Size(b, 3, 4, 50) for b in (1, 8)]
     assert axis(samples, "samples") == (["1x3x4", "8x3x4"], "samples x features x state (T=50)")
-    both = [cases.Size(1, 3, 4, 5), cases.Size(8, 3, 4, 10)]
+    both = [kinds.Size(1, 3, 4, 5), kinds.Size(8, 3, 4, 10)]
     assert axis(both, "batch")[1] == "batch x features x state, sequence length"
 
 
 def test_sweep_runs_every_size(monkeypatch, capsys):
-    monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4), (3, 1, 2)))
+    monkeypatch.setattr(kinds, "SWEEP", ((1, 2, 3), (2, 3, 4), (3, 1, 2)))
     report = _run_json(capsys, *EAGER, "--sweep")
     sizes = {(r["batch"], r["features"], r["state"]) for r in report["results"]}
     assert sizes == {(1, 2, 3), (2, 3, 4), (3, 1, 2)}
@@ -200,7 +200,7 @@ def test_sweep_runs_every_size(monkeypatch, capsys):
 
 def test_sweep_with_a_progress_bar(monkeypatch, capsys):
     rich_progress = pytest.importorskip("rich.progress")
-    monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4)))
+    monkeypatch.setattr(kinds, "SWEEP", ((1, 2, 3), (2, 3, 4)))
     # The bar is transient (gone from the output once done): count what it is
     # told instead, through rich's own Progress.
     descriptions, advances = [], []
@@ -299,7 +299,7 @@ def test_sequence_default_implementations_and_table(capsys):
 def test_sequence_implementations_compute_the_same_thing(inputs_grad):
     # Same weights (loaded from the reference) and inputs: same outputs and
     # gradients, so the table compares like with like.
-    size = cases.Size(3, 5, 4, seq_len=4)
+    size = kinds.Size(3, 5, 4, seq_len=4)
     outputs, grads = {}, {}
     for impl in ("reference-loop", "lltm-loop", "lltm-sequence"):
         case = cases.make_case(impl, size, CPU, torch.float64, inputs_grad=inputs_grad)
@@ -325,16 +325,16 @@ def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys
         capsys, "--seq-len", "3", "--impl", "all", *(["--inputs-grad"] if inputs_grad else [])
     )
     large = report["environment"]["large_gemm"]
-    assert large["n"] == cases.LARGE_GEMM["cpu"] and large["blocks"] == 2
+    assert large["n"] == kinds.LARGE_GEMM["cpu"] and large["blocks"] == 2
     assert large["gflops"] > 0
-    size = cases.Size(2, 3, 4, seq_len=3)
+    size = kinds.Size(2, 3, 4, seq_len=3)
     for (_, impl), row in _rows(report).items():
         if impl == "lstm":  # four gates: other products
             assert row["flops"] is None
             assert row["step"]["gflops"] is None and row["step"]["of_large_gemm"] is None
             continue
-        assert row["flops"] == cases.product_flops(size, inputs_grad)
-        for phase in cases.PHASES:
+        assert row["flops"] == flops.product_flops(size, inputs_grad)
+        for phase in kinds.PHASES:
             gflops = row["flops"][phase] / row[phase]["median_s"] / 1e9
             assert row[phase]["gflops"] == pytest.approx(gflops)
             assert row[phase]["of_large_gemm"] == pytest.approx(gflops / large["gflops"])
@@ -351,12 +351,12 @@ def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 def test_product_flops_are_those_of_the_gemm_floor(inputs_grad):
     # The count is what the gemm case computes, measured by torch's counter.
-    size = cases.Size(2, 3, 4, seq_len=5)
+    size = kinds.Size(2, 3, 4, seq_len=5)
     case = cases.make_case("gemm", size, CPU, torch.float32, inputs_grad=inputs_grad)
     forward, backward = _flops(case)
-    flops = cases.product_flops(size, inputs_grad)
-    assert (flops["forward"], flops["backward"]) == (forward, backward)
-    assert flops["step"] == forward + backward
+    counted = flops.product_flops(size, inputs_grad)
+    assert (counted["forward"], counted["backward"]) == (forward, backward)
+    assert counted["step"] == forward + backward
 
 
 def test_cells_and_per_sample_count_no_products(capsys):
@@ -369,9 +369,9 @@ def test_cells_and_per_sample_count_no_products(capsys):
 
 
 def test_large_gemm_is_square_of_the_runs_dtype():
-    fn, n, flops = cases.large_gemm(CPU, torch.float64)
+    fn, n, operations = flops.large_gemm(CPU, torch.float64)
     out = fn()
-    assert out.shape == (n, n) and out.dtype == torch.float64 and flops == 2 * n**3
+    assert out.shape == (n, n) and out.dtype == torch.float64 and operations == 2 * n**3
 
 
 def test_sequence_plot_against_length(tmp_path, saved_figures):
@@ -410,7 +410,7 @@ def test_per_sample_runs_every_implementation(capsys):
     assert list(rows) == [(2, impl) for impl in PER_SAMPLE_IMPLS]
     for row in rows.values():
         assert (row["batch"], row["features"], row["state"]) == (2, 3, 4)
-        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstm_vmap"), cases.PER_SAMPLE)
+        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstm_vmap"), kinds.PER_SAMPLE)
     assert rows[2, "lltm-loop"]["step"]["speedup_vs_reference"] == pytest.approx(1.0)
     assert rows[2, "lstm-vmap"]["step"]["speedup_vs_lstm_vmap"] == pytest.approx(1.0)
 
@@ -419,12 +419,12 @@ def test_per_sample_defaults():
     # 32 samples of 50 steps unless -b or --seq-len say otherwise; the other
     # kinds keep their batch of 16.
     args = cli.parse(["--per-sample"])
-    assert cli.sizes_of(args) == [cases.Size(32, 32, 128, seq_len=50)]
+    assert cli.sizes_of(args) == [kinds.Size(32, 32, 128, seq_len=50)]
     assert args.impl == ["lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"]
     args = cli.parse(["--per-sample", "-b", "8", "--seq-len", "10,20"])
-    assert cli.sizes_of(args) == [cases.Size(8, 32, 128, t) for t in (10, 20)]
-    assert cli.sizes_of(cli.parse([])) == [cases.Size(16, 32, 128)]
-    assert cli.sizes_of(cli.parse(["--seq-len", "5"])) == [cases.Size(16, 32, 128, 5)]
+    assert cli.sizes_of(args) == [kinds.Size(8, 32, 128, t) for t in (10, 20)]
+    assert cli.sizes_of(cli.parse([])) == [kinds.Size(16, 32, 128)]
+    assert cli.sizes_of(cli.parse(["--seq-len", "5"])) == [kinds.Size(16, 32, 128, 5)]
 
 
 def test_per_sample_table_has_no_columns_it_does_not_measure(capsys):
@@ -440,8 +440,8 @@ def test_per_sample_table_has_no_columns_it_does_not_measure(capsys):
 
 
 def _per_sample_cases(impls: list[str], dtype: torch.dtype) -> dict[str, cases.PerSampleCase]:
-    size = cases.Size(3, 5, 4, seq_len=4)
-    return {impl: cases.make_case(impl, size, CPU, dtype, kind=cases.PER_SAMPLE) for impl in impls}
+    size = kinds.Size(3, 5, 4, seq_len=4)
+    return {impl: cases.make_case(impl, size, CPU, dtype, kind=kinds.PER_SAMPLE) for impl in impls}
 
 
 def test_per_sample_gradients_are_each_samples_own():
@@ -519,27 +519,27 @@ def test_overhead_runs_every_implementation(capsys):
     assert list(rows) == OVERHEAD_IMPLS
     for row in rows.values():
         assert (row["batch"], row["features"], row["state"]) == (2, 3, 4)  # FAST's -b -f -s
-        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstmcell"), cases.OVERHEAD)
+        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstmcell"), kinds.OVERHEAD)
     assert rows["reference"]["no_grad"]["speedup_vs_reference"] == pytest.approx(1.0)
     assert rows["lstmcell"]["step"]["speedup_vs_lstmcell"] == pytest.approx(1.0)
 
 
 def test_overhead_defaults_to_the_smallest_cell():
     args = cli.parse(["--overhead"])
-    assert cli.sizes_of(args) == [cases.Size(1, 2, 2)]
+    assert cli.sizes_of(args) == [kinds.Size(1, 2, 2)]
     assert args.impl == OVERHEAD_IMPLS
-    assert cli.sizes_of(cli.parse(["--overhead", "-s", "8"])) == [cases.Size(1, 2, 8)]
-    assert cli.sizes_of(cli.parse(["--overhead", "--sizes", "3x4x5"])) == [cases.Size(3, 4, 5)]
+    assert cli.sizes_of(cli.parse(["--overhead", "-s", "8"])) == [kinds.Size(1, 2, 8)]
+    assert cli.sizes_of(cli.parse(["--overhead", "--sizes", "3x4x5"])) == [kinds.Size(3, 4, 5)]
     # The other kinds keep their sizes.
-    assert cli.sizes_of(cli.parse(["-s", "8"])) == [cases.Size(16, 32, 8)]
+    assert cli.sizes_of(cli.parse(["-s", "8"])) == [kinds.Size(16, 32, 8)]
 
 
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 def test_overhead_phases_time_what_they_say(inputs_grad):
-    size = cases.Size(1, 2, 2)
+    size = kinds.Size(1, 2, 2)
     per_impl = {
         impl: cases.make_case(
-            impl, size, CPU, torch.float64, inputs_grad=inputs_grad, kind=cases.OVERHEAD
+            impl, size, CPU, torch.float64, inputs_grad=inputs_grad, kind=kinds.OVERHEAD
         )
         for impl in OVERHEAD_IMPLS
     }
@@ -615,7 +615,7 @@ def _flops(case: bench.Case) -> tuple[int, int]:
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 def test_gemm_floor_of_a_cell(inputs_grad):
     b, f, s = 2, 3, 4
-    case = cases.make_case("gemm", cases.Size(b, f, s), CPU, torch.float32, inputs_grad=inputs_grad)
+    case = cases.make_case("gemm", kinds.Size(b, f, s), CPU, torch.float32, inputs_grad=inputs_grad)
     gemm = 2 * b * (s + f) * 3 * s  # multiply-adds of one (b, s+f) x (s+f, 3s) product, x2
     # Forward: [h, x] @ W^T. Backward: the weight gradient, and the input
     # gradient d_gates @ W only when the inputs need it.
@@ -625,7 +625,7 @@ def test_gemm_floor_of_a_cell(inputs_grad):
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 def test_gemm_floor_of_a_sequence(inputs_grad):
     t, b, f, s = 5, 2, 3, 4
-    size = cases.Size(b, f, s, seq_len=t)
+    size = kinds.Size(b, f, s, seq_len=t)
     case = cases.make_case("gemm", size, CPU, torch.float32, inputs_grad=inputs_grad)
     projection, recurrent = 2 * t * b * f * 3 * s, 2 * b * s * 3 * s
     weight_grad = 2 * 3 * s * t * b * (s + f)
@@ -765,9 +765,9 @@ def test_render_across_repeated_runs(render, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "kind"),
     [
-        (["--seq-len", "2", "--impl", "lltm-sequence"], cases.SEQUENCE),
-        (["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"], cases.PER_SAMPLE),
-        (["--overhead"], cases.OVERHEAD),
+        (["--seq-len", "2", "--impl", "lltm-sequence"], kinds.SEQUENCE),
+        (["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"], kinds.PER_SAMPLE),
+        (["--overhead"], kinds.OVERHEAD),
     ],
     ids=["sequence", "per-sample", "overhead"],
 )

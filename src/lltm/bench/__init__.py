@@ -103,20 +103,9 @@ matplotlib for --plot.
 
 from __future__ import annotations
 
-from .cases import (
-    CELL,
-    KINDS,
-    NO_GRAD,
-    OVERHEAD,
-    PER_SAMPLE,
-    PHASES,
-    SEQUENCE,
-    Case,
-    Kind,
-    Size,
-    make_case,
-)
+from .cases import Case, make_case
 from .cli import main, parser, run
+from .kinds import CELL, KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, PHASES, SEQUENCE, Kind, Size
 from .report import from_json, to_json
 from .timing import Result, measure
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -34,113 +33,12 @@ from torch import Tensor
 
 from .. import reference
 from ..module import LLTM, LLTMSequence
-
-PHASES = ("forward", "backward", "step")
-# The forward under torch.no_grad(): inference, no graph recorded. Timed by
-# the overhead case only.
-NO_GRAD = "no_grad"
-
-# --sweep: (batch, features, state) from below the tutorial's size to a large layer.
-SWEEP = (
-    (4, 32, 64),
-    (16, 32, 128),
-    (32, 64, 256),
-    (64, 128, 512),
-    (128, 256, 1024),
-    (256, 1024, 1024),
+from .kinds import (
+    PER_SAMPLE,
+    Kind,
+    Size,
+    kind_of,
 )
-
-
-@dataclass(frozen=True)
-class Size:
-    """batch x features x state, and for a sequence its length (None: one cell step)."""
-
-    batch: int
-    features: int
-    state: int
-    seq_len: int | None = None
-
-    def __str__(self) -> str:
-        return f"{self.batch}x{self.features}x{self.state}"
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A kind of case: its implementations and what they are compared with."""
-
-    name: str
-    implementations: tuple[str, ...]
-    defaults: tuple[str, ...]
-    baseline: str
-    """Speed-ups are against this implementation; it always runs."""
-    rival: str | None = None
-    """A second comparison column (the stock torch module), if any."""
-    phases: tuple[str, ...] = PHASES
-    """The phases timed, a subset of PHASES in its order."""
-    saved_memory: bool = True
-    """Whether the bytes one forward saves for backward are measured."""
-    sequences: bool = True
-    """Whether a case runs whole sequences (its sizes have a seq_len)."""
-    counts_flops: bool = False
-    """Whether its LLTM implementations' rows report GFLOP/s of the products
-    they need (product_flops), against a large GEMM timed in the same run."""
-
-
-CELL = Kind(
-    "cell",
-    implementations=("reference", "compiled", "lltm", "lstmcell", "gemm"),
-    defaults=("reference", "compiled", "lltm", "lstmcell"),
-    baseline="reference",
-    sequences=False,
-)
-SEQUENCE = Kind(
-    "sequence",
-    implementations=("reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"),
-    defaults=("reference-loop", "lltm-loop", "lltm-sequence", "lstm"),
-    baseline="reference-loop",
-    rival="lstm",
-    counts_flops=True,
-)
-PER_SAMPLE = Kind(
-    "per-sample",
-    implementations=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap", "lstm-loop"),
-    defaults=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"),
-    baseline="lltm-loop",
-    rival="lstm-vmap",
-    # Per-sample gradients are one computation: the forward is not kept.
-    phases=("step",),
-    saved_memory=False,
-)
-OVERHEAD = Kind(
-    "overhead",
-    implementations=("reference", "lltm", "lstmcell"),
-    defaults=("reference", "lltm", "lstmcell"),
-    baseline="reference",
-    rival="lstmcell",
-    phases=(NO_GRAD, "step"),
-    saved_memory=False,
-    sequences=False,
-)
-KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE, OVERHEAD)}
-
-# --overhead without -b, -f or -s: the smallest cell.
-OVERHEAD_SIZE = (1, 2, 2)
-
-# --per-sample without -b or --seq-len: 32 samples of 50 steps.
-PER_SAMPLE_BATCH = 32
-PER_SAMPLE_SEQ_LEN = 50
-
-
-# The large GEMM whose rate a run's GFLOP/s are compared with: square, of
-# this size, in the run's dtype on its device (torch.mm). Large enough that
-# the library runs it near the core's (or the GPU's) peak.
-LARGE_GEMM = {"cpu": 1024, "cuda": 4096}
-
-
-def kind_of(size: Size) -> Kind:
-    """The kind a size implies when none is named: a cell step or a sequence."""
-    return CELL if size.seq_len is None else SEQUENCE
-
 
 # --- The phases ------------------------------------------------------------------
 
@@ -490,43 +388,6 @@ def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTenso
     if inputs_grad:
         backward.append(lambda: torch.mm(d_gates, weights))
     return GemmCase([lambda: torch.mm(x, weights.t())], backward)
-
-
-def product_flops(size: Size, inputs_grad: bool = False) -> dict[str, int]:
-    """Floating-point operations (2 per multiply-add) of a sequence's matrix products, per phase.
-
-    Those the ``gemm`` case computes (its docstring lists them). The pointwise
-    work is not counted.
-    """
-    t, b, f, s = size.seq_len or 0, size.batch, size.features, size.state
-    projection, recurrent = 2 * t * b * f * 3 * s, 2 * b * s * 3 * s
-    weight_grad = 2 * 3 * s * t * b * (s + f)
-    forward = projection + t * recurrent
-    backward = (t if inputs_grad else max(t - 1, 0)) * recurrent + weight_grad
-    if inputs_grad:
-        backward += projection
-    return {"forward": forward, "backward": backward, "step": forward + backward}
-
-
-def flops_of(kind: Kind, impl: str, size: Size, inputs_grad: bool) -> dict[str, int] | None:
-    """product_flops for the LLTM implementations of a kind that counts them.
-
-    None for nn.LSTM, whose products are those of four gates: not comparable.
-    """
-    if not kind.counts_flops or impl == kind.rival:
-        return None
-    return product_flops(size, inputs_grad)
-
-
-def large_gemm(device: torch.device, dtype: torch.dtype) -> tuple[Callable[[], Tensor], int, int]:
-    """(the product, its size n, its floating-point operations) of the large GEMM.
-
-    An n x n by n x n torch.mm in the run's dtype on its device.
-    """
-    n = LARGE_GEMM.get(device.type, LARGE_GEMM["cpu"])
-    generator = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
-    return (lambda: torch.mm(a, b)), n, 2 * n**3
 
 
 def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:

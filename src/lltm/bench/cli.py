@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from . import cases, report, timing
-from .cases import CELL, OVERHEAD, PER_SAMPLE, SEQUENCE, Kind, Size
+from . import cases, flops, kinds, report, timing
+from .kinds import CELL, OVERHEAD, PER_SAMPLE, SEQUENCE, Kind, Size
 
 # The name under which the large GEMM is timed (never an implementation's).
 LARGE_GEMM = "large-gemm"
@@ -73,7 +73,7 @@ def sizes_of(args: argparse.Namespace) -> list[Size]:
     if args.sizes:
         shapes = [(s.batch, s.features, s.state) for s in args.sizes]
     elif args.sweep:
-        shapes = list(cases.SWEEP)
+        shapes = list(kinds.SWEEP)
     else:
         shapes = [(args.batch_size, args.features, args.state_size)]
     return [Size(*shape, seq_len) for shape in shapes for seq_len in args.seq_len or [None]]
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     # The large GEMM the products' GFLOP/s are compared with, taking its turn
     # in every round at every size: its blocks over the whole run.
     gemm_fn, gemm_n, gemm_flops = (
-        cases.large_gemm(device, dtype) if kind.counts_flops else (None, 0, 0)
+        flops.large_gemm(device, dtype) if kind.counts_flops else (None, 0, 0)
     )
     gemm_times: list[float] = []
     with timing.progress(
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     size,
                     case.impl,
                     times=times[case.impl],
-                    flops=cases.flops_of(kind, case.impl, size, args.inputs_grad),
+                    flops=flops.flops_of(kind, case.impl, size, args.inputs_grad),
                 )
                 with contextlib.suppress(Exception):
                     saved = case.saved_for_backward() if kind.saved_memory else None
@@ -227,22 +227,22 @@ def parser() -> argparse.ArgumentParser:
         "-b",
         "--batch-size",
         type=int,
-        help=f"default 16; with --per-sample the number of samples, default {cases.PER_SAMPLE_BATCH}; "
-        f"with --overhead {cases.OVERHEAD_SIZE[0]}",
+        help=f"default 16; with --per-sample the number of samples, default {kinds.PER_SAMPLE_BATCH}; "
+        f"with --overhead {kinds.OVERHEAD_SIZE[0]}",
     )
     size.add_argument(
-        "-f", "--features", type=int, help=f"default 32; with --overhead {cases.OVERHEAD_SIZE[1]}"
+        "-f", "--features", type=int, help=f"default 32; with --overhead {kinds.OVERHEAD_SIZE[1]}"
     )
     size.add_argument(
         "-s",
         "--state-size",
         type=int,
-        help=f"default 128; with --overhead {cases.OVERHEAD_SIZE[2]}",
+        help=f"default 128; with --overhead {kinds.OVERHEAD_SIZE[2]}",
     )
     size.add_argument(
         "--sweep",
         action="store_true",
-        help="instead, the sizes " + ", ".join(str(Size(*s)) for s in cases.SWEEP),
+        help="instead, the sizes " + ", ".join(str(Size(*s)) for s in kinds.SWEEP),
     )
     size.add_argument(
         "--sizes",
@@ -262,13 +262,13 @@ def parser() -> argparse.ArgumentParser:
         "--per-sample",
         action="store_true",
         help="time per-sample gradients of the parameters instead: one sequence per sample, "
-        f"of length {cases.PER_SAMPLE_SEQ_LEN} unless --seq-len says otherwise",
+        f"of length {kinds.PER_SAMPLE_SEQ_LEN} unless --seq-len says otherwise",
     )
     what.add_argument(
         "--overhead",
         action="store_true",
         help="time what each call costs instead: one cell step at the smallest size ("
-        + "x".join(map(str, cases.OVERHEAD_SIZE))
+        + "x".join(map(str, kinds.OVERHEAD_SIZE))
         + " unless -b, -f, -s or --sizes say otherwise), the forward under torch.no_grad() "
         "and forward + backward, against nn.LSTMCell and the reference",
     )
@@ -347,11 +347,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if kind is PER_SAMPLE:
         if args.inputs_grad:
             p.error("--inputs-grad: per-sample gradients are those of the parameters only")
-        args.seq_len = args.seq_len or [cases.PER_SAMPLE_SEQ_LEN]
+        args.seq_len = args.seq_len or [kinds.PER_SAMPLE_SEQ_LEN]
     if kind is OVERHEAD:
-        batch, features, state = cases.OVERHEAD_SIZE
+        batch, features, state = kinds.OVERHEAD_SIZE
     else:
-        batch = cases.PER_SAMPLE_BATCH if kind is PER_SAMPLE else 16
+        batch = kinds.PER_SAMPLE_BATCH if kind is PER_SAMPLE else 16
         features, state = 32, 128
     args.batch_size = batch if args.batch_size is None else args.batch_size
     args.features = features if args.features is None else args.features

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .cases import KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, Kind, Size
+from .kinds import KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, Kind, Size
 from .timing import Result
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}

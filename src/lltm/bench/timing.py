@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from torch.utils import benchmark
 
-from .cases import PHASES, Case, Size
+from .cases import Case
+from .kinds import PHASES, Size
 
 # Wall time one block aims at: long enough to dwarf the timer's own cost,
 # short enough for many interleaved blocks.
@@ -34,7 +35,7 @@ class Result:
     saved_beyond_inputs_bytes: int | None = None
     error: str | None = None
     flops: dict[str, int] | None = None
-    """Operations of the products per phase (cases.product_flops), if counted."""
+    """Operations of the products per phase (flops.product_flops), if counted."""
 
     def gflops(self, phase: str) -> float | None:
         """The products' rate at the median time of a phase, in GFLOP/s."""
