@@ -72,6 +72,20 @@ class Functional(torch.nn.Module):
         return output, h_n, c_n
 
 
+class Packed(torch.nn.Module):
+    """LLTMSequence over a PackedSequence made from padded input and lengths: what
+    the exported graph cannot express."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = lltm.LLTMSequence(4, 6)
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        _, (h_n, _) = self.rnn(packed)
+        return h_n
+
+
 class Case(NamedTuple):
     """A model, its inputs for (steps, batch), and dynamic_shapes for
     torch.export given Dims for the batch and the length (None where that

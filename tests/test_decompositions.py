@@ -10,7 +10,7 @@ import functools
 
 import pytest
 import torch
-from deploy_models import CASES, flat, lltm_nodes, make
+from deploy_models import CASES, Packed, flat, lltm_nodes, make
 from torch.export import Dim
 
 import lltm
@@ -253,25 +253,14 @@ def test_outside_a_lowering_the_table_entry_declines():
 # --- What cannot be lowered ------------------------------------------------------------
 
 
-class _Packed(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rnn = lltm.LLTMSequence(4, 6)
-
-    def forward(self, x, lengths):
-        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
-        _, (h_n, _) = self.rnn(packed)
-        return h_n
-
-
 def test_a_packed_sequence_cannot_be_exported_and_says_what_to_do():
     inputs = (torch.randn(5, 3, 4), torch.tensor([5, 3, 2]))
     with pytest.raises(
         ValueError, match=r"lltm: LLTMSequence cannot be exported .* PackedSequence"
     ):
-        torch.export.export(_Packed(), inputs)
+        torch.export.export(Packed(), inputs)
     # Outside an export, packed sequences run as ever.
-    _Packed()(*inputs)
+    Packed()(*inputs)
 
 
 def test_a_packed_operator_call_cannot_be_lowered():

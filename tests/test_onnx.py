@@ -8,10 +8,8 @@ import copy
 
 import pytest
 import torch
-from deploy_models import CASES, flat, make
+from deploy_models import CASES, Packed, flat, make
 from torch.export import Dim
-
-import lltm
 
 _WHY = (
     "onnx, onnxscript and onnxruntime are not installed: the ONNX tests run in nox's tests "
@@ -109,18 +107,8 @@ def test_the_graph_projects_every_step_ahead_of_the_recurrence(tmp_path):
     assert len([op for op in body_nodes if op in products]) == 1
 
 
-class _Packed(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rnn = lltm.LLTMSequence(4, 6)
-
-    def forward(self, x, lengths):
-        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
-        return self.rnn(packed)[1][0]
-
-
 def test_a_packed_sequence_is_refused_with_what_to_do_instead(tmp_path):
     inputs = (torch.randn(5, 3, 4), torch.tensor([5, 3, 2]))
     with pytest.raises(Exception, match=r"lltm: LLTMSequence cannot be exported .*pad_packed"):
-        torch.onnx.export(_Packed(), inputs, tmp_path / "packed.onnx")
+        torch.onnx.export(Packed(), inputs, tmp_path / "packed.onnx")
     assert not (tmp_path / "packed.onnx").exists()
