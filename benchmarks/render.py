@@ -1,7 +1,7 @@
 """Markdown tables (and plots) from ``python -m lltm bench --json`` files.
 
     python benchmarks/render.py data/run.json [more.json ...] [--plot out.png]
-    python benchmarks/render.py --across data/run1.json data/run2.json ...
+    python benchmarks/render.py --across data/run1.json data/run2.json ... [--phase no_grad]
 
 One table per file in the bench's own layout (min / median per phase timed,
 speed-ups of medians against the baseline, and for sequences and per-sample
@@ -12,8 +12,9 @@ benchmarks/data/. Files written before the sequence case and --inputs-grad
 existed measured one cell step with inputs requiring grad, and are read so.
 
 --across summarises repeated runs of one case at one size instead: a row per
-run with each implementation's step median and its speed-ups, measured side
-by side in that run, and a last row with the median over the runs of each.
+run with each implementation's step median (or that of the phase --phase
+names) and its speed-ups, measured side by side in that run, and a last row
+with the median over the runs of each.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def across(reports: dict[str, dict[str, Any]]) -> str:
-    """Repeated runs (file name -> report) of one kind of case at one size."""
+def across(reports: dict[str, dict[str, Any]], phase: str = "step") -> str:
+    """Repeated runs (file name -> report) of one kind of case at one size:
+    medians and speed-ups of ``phase``."""
     mixed = SystemExit("render.py --across: the runs must be of one kind of case at one size")
     kinds = {report.kind_of_env(data["environment"]) for data in reports.values()}
     if len(kinds) != 1:
@@ -55,18 +57,20 @@ def across(reports: dict[str, dict[str, Any]]) -> str:
     if len(sizes) != 1:
         raise mixed
     [kind], [size] = kinds, sizes
+    if phase not in kind.phases:
+        raise SystemExit(f"render.py --across: {kind.name} runs time no {phase} phase")
     comparisons = [kind.baseline, *([kind.rival] if kind.rival else [])]
     impls = list(dict.fromkeys(r.impl for results in runs.values() for r in results))
     unit = report.pick_unit([r for results in runs.values() for r in results], "auto")
 
-    # Per run and implementation: the step median, and its speed-ups.
+    # Per run and implementation: the phase's median, and its speed-ups.
     entries: dict[str, list[list[float | None]]] = {}
     for name, results in runs.items():
         mine = {r.impl: r for r in results}
         entries[name] = [
             [
-                mine[impl].median("step"),
-                *(report.speedup(results, mine[impl], "step", c) for c in comparisons),
+                mine[impl].median(phase),
+                *(report.speedup(results, mine[impl], phase, c) for c in comparisons),
             ]
             if impl in mine
             else [None] * (1 + len(comparisons))
@@ -92,7 +96,7 @@ def across(reports: dict[str, dict[str, Any]]) -> str:
     where = f"{size}" + (f", T={size.seq_len}" if kind.sequences else "")
     against = " and against ".join(report.NAMES[c] for c in comparisons)
     lines = [
-        f"{len(runs)} runs of {kind.name} at {where}: step medians in {unit}, in parentheses "
+        f"{len(runs)} runs of {kind.name} at {where}: {phase} medians in {unit}, in parentheses "
         f"the speed-ups against {against}, measured side by side in each run",
         "",
         "| run | " + " | ".join(impls) + " |",
@@ -110,10 +114,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--across", action="store_true", help="one summary table over repeated runs"
     )
+    parser.add_argument(
+        "--phase", default="step", help="with --across: the phase summarised (default step)"
+    )
     args = parser.parse_args(argv)
     reports = [json.loads(path.read_text()) for path in args.reports]
     if args.across:
-        print(across({path.name: data for path, data in zip(args.reports, reports, strict=True)}))
+        named = {path.name: data for path, data in zip(args.reports, reports, strict=True)}
+        print(across(named, args.phase))
         return 0
     for data in reports:
         print(markdown(data), end="\n\n")

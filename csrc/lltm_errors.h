@@ -11,7 +11,7 @@
 //
 // The Python side turns a CUDA out-of-memory, which reaches it as a
 // RuntimeError with torch's text, back into torch.OutOfMemoryError
-// (src/lltm/ops.py): no exception type crosses the stable ABI.
+// (src/lltm/ops/errors.py): no exception type crosses the stable ABI.
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>

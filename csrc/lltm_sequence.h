@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "lltm_checks.h"
+#include "lltm_sequence_checks.h"
 #include "lltm_tensor.h"
 
 namespace lltm {

@@ -16,8 +16,9 @@
    3 GB). Cached in $LLTM_ARM64_CACHE (default ~/.cache/lltm/arm64), rebuilt
    when what it should hold changes.
 3. The CPU sources compiled for arm64 by GCC and by Clang with -Wall -Wextra
-   -Werror, and their pointwise spans and packed GEMM checked to be NEON code
-   (objdump): the kernels are vectorised, not only correct.
+   -Werror, and their pointwise spans and the NEON set's fused sequence steps
+   checked to be NEON code (objdump): the kernels are vectorised, not only
+   correct.
 4. lltm's CPU wheel cross-compiled: setup.py run by this Python with the
    aarch64 compilers (the build environment's torch, for x86-64, has the
    same headers) and linked against the root's arm64 torch. On two busy
@@ -101,7 +102,9 @@ CORE = [
     "tests/test_cpu_isa.py::test_this_process_runs_the_set_the_environment_asks_for",
     # x86-64's names are refused on arm64 (a fresh interpreter: 2-3 minutes).
     "tests/test_cpu_isa.py::test_invalid_value_is_an_error_at_every_kernel_call[avx2]",
-    "tests/test_cpu_isa.py::test_sequences_at_the_packed_kernels_edges",
+    "tests/test_fused_steps.py::test_tile_and_vector_edges",
+    "tests/test_fused_steps.py::test_packed_sequences",
+    "tests/test_fused_steps.py::test_blocks_of_rows_per_thread_match_one_thread",
     "tests/test_parity.py::test_float64_matches_reference",
     "tests/test_parity.py::test_low_precision_as_accurate_as_reference",
     "tests/test_parity.py::test_composite_equals_native",
@@ -127,10 +130,11 @@ CORE = [
     "tests/test_fuzz.py",
 ]
 # Again with LLTM_CPU_ISA=baseline: on arm64 it differs from neon in the
-# sequences' per-step products (torch's GEMM instead of the packed kernel).
+# sequences' fused steps (register tiles of 4 rows instead of 6).
 BASELINE = [
     "tests/test_cpu_isa.py::test_this_process_runs_the_set_the_environment_asks_for",
-    "tests/test_cpu_isa.py::test_sequences_at_the_packed_kernels_edges",
+    "tests/test_fused_steps.py::test_tile_and_vector_edges",
+    "tests/test_fused_steps.py::test_blocks_of_rows_per_thread_match_one_thread",
     "tests/test_sequence.py::test_float64_matches_loop_of_reference_cell",
     "tests/test_sequence.py::test_native_equals_composite",
     "tests/test_threads.py::test_split_sequence_matches_loop_of_reference_cells",
@@ -141,7 +145,8 @@ BASELINE = [
 CPU_SOURCES = [
     "csrc/lltm_ops.cpp",
     "csrc/cpu/lltm_cpu.cpp",
-    "csrc/cpu/lltm_cpu_sequence.cpp",
+    "csrc/cpu/lltm_cpu_sequence_forward.cpp",
+    "csrc/cpu/lltm_cpu_sequence_backward.cpp",
     "csrc/cpu/module.cpp",
 ]
 NEON_FUNCTIONS = [
@@ -149,8 +154,10 @@ NEON_FUNCTIONS = [
     ("forward_span_baseline<double>", "2d"),
     ("backward_span_baseline<float>", "4s"),
     ("backward_span_baseline<double>", "2d"),
-    ("gemm_neon<float>", "4s"),
-    ("gemm_neon<double>", "2d"),
+    ("NeonSet::forward<float>", "4s"),
+    ("NeonSet::forward<double>", "2d"),
+    ("NeonSet::backward<float>", "4s"),
+    ("NeonSet::backward<double>", "2d"),
 ]
 COMPILERS = {
     "gcc": ["aarch64-linux-gnu-g++"],
@@ -366,7 +373,7 @@ def compile_check(root: Path) -> None:
                 assert vector, f"{name}: {function} has no NEON .{arrangement} arithmetic"
                 log(f"{name}: {function}: {len(vector)} NEON .{arrangement} instructions")
         log(
-            "arm64 sources compile warning-free with GCC and Clang; spans and GEMM are NEON "
+            "arm64 sources compile warning-free with GCC and Clang; spans and fused steps are NEON "
             f"({time.monotonic() - started:.0f} s)"
         )
 

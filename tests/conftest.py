@@ -20,6 +20,11 @@ from torch import Tensor
 
 ARG_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 
+# The torch under test, comparable with tuples: `TORCH >= (2, 15)`. Where torch
+# itself differs between releases (its messages, what crosses its stable
+# ABI), tests state the condition and assert what each release gives.
+TORCH = torch.torch_version.TorchVersion(torch.__version__)
+
 
 _INDUCTOR_CACHE_KEY = pytest.StashKey[tuple[str, str | None]]()
 

@@ -53,7 +53,8 @@ WHERE = "nox -s cuda_host (LLTM_CUDA_HOST=1 builds and runs it anywhere)"
 SOURCES = [
     "csrc/lltm_ops.cpp",
     "csrc/cuda_host/lltm_cuda.cpp",
-    "csrc/cuda_host/lltm_cuda_sequence.cpp",
+    "csrc/cuda_host/lltm_cuda_sequence_forward.cpp",
+    "csrc/cuda_host/lltm_cuda_sequence_backward.cpp",
     "csrc/cuda_host/plugin_module.cpp",
     "csrc/cuda_host/emulation.cpp",
 ]
@@ -119,8 +120,9 @@ def modules() -> tuple[_native.CudaLibrary, ModuleType]:
         pytest.skip("csrc/cuda_host/ is not in this tree: the host build needs the sources")
     library = _build()
     # No autograd formula of their own: at the Autograd key they let the call
-    # through, as lltm's backward ops do (src/lltm/ops.py), so that a kernel
-    # sees the same dispatcher state through lltm's ops as on a GPU.
+    # through, so that a kernel sees the dispatcher state it sees on a GPU,
+    # below lltm's own Autograd kernels (src/lltm/ops/autograd.py), which
+    # redispatch past that key.
     autograd = torch.library.Library(NAMESPACE, "IMPL")
     for op in OPS:
         autograd.impl(op, torch.library.fallthrough_kernel, "Autograd")

@@ -22,7 +22,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from lltm import bench, reference
-from lltm.bench import cases, cli
+from lltm.bench import cases, cli, flops, kinds
 
 # Tiny and quick: two blocks of about a millisecond per implementation and
 # phase, on one thread (a second thread only adds waits on a busy machine).
@@ -54,11 +54,11 @@ def _rows(report: dict) -> dict[tuple[int | None, str], dict]:
 
 
 def _check_timings(
-    row: dict, comparisons: tuple[str, ...] = ("speedup_vs_reference",), kind=cases.CELL
+    row: dict, comparisons: tuple[str, ...] = ("speedup_vs_reference",), kind=kinds.CELL
 ) -> None:
     assert row["error"] is None
     # A field for each phase the kind times, and none for the others.
-    assert [phase for phase in bench.PHASES if phase in row] == list(kind.phases)
+    assert [phase for phase in (bench.NO_GRAD, *bench.PHASES) if phase in row] == list(kind.phases)
     for phase in kind.phases:
         timing = row[phase]
         assert timing["blocks"] == 2
@@ -94,7 +94,7 @@ def test_default_is_the_tutorials_configuration(capsys):
     assert "tutorial's configuration" in bench.report.title(env)
     # Only the parameters require grad, and only they are differentiated.
     for impl in ("reference", "lltm", "lstmcell"):
-        case = cases.make_case(impl, cases.Size(2, 3, 4), CPU, torch.float32)
+        case = cases.make_case(impl, kinds.Size(2, 3, 4), CPU, torch.float32)
         x, h, c, *parameters = case.inputs
         assert not (x.requires_grad or h.requires_grad or c.requires_grad)
         assert case.leaves == parameters and len(case.step()) == len(parameters)
@@ -105,7 +105,7 @@ def test_inputs_grad_differentiates_the_inputs_too(capsys):
     env = _run_json(capsys, *EAGER, "--inputs-grad")["environment"]
     assert (env["case"], env["inputs_grad"]) == ("cell", True)
     assert "--inputs-grad" in bench.report.title(env)
-    case = cases.make_case("lltm", cases.Size(2, 3, 4), CPU, torch.float32, inputs_grad=True)
+    case = cases.make_case("lltm", kinds.Size(2, 3, 4), CPU, torch.float32, inputs_grad=True)
     assert case.leaves == case.inputs and len(case.step()) == 5
 
 
@@ -180,18 +180,18 @@ def test_plot_writes_a_png(tmp_path, saved_figures):
 
 def test_plot_axis_names_what_varies():
     axis = bench.report._axis
-    cells = [cases.Size(2, 3, 4), cases.Size(3, 2, 5)]
+    cells = [kinds.Size(2, 3, 4), kinds.Size(3, 2, 5)]
     assert axis(cells, "batch") == (["2x3x4", "3x2x5"], "batch x features x state")
-    lengths = [cases.Size(2, 3, 4, t) for t in (5, 10)]
+    lengths = [kinds.Size(2, 3, 4, t) for t in (5, 10)]
     assert axis(lengths, "batch") == (["5", "10"], "sequence length T (at 2x3x4)")
-    samples = [cases.Size(b, 3, 4, 50) for b in (1, 8)]
+    samples = [kinds.Size(b, 3, 4, 50) for b in (1, 8)]
     assert axis(samples, "samples") == (["1x3x4", "8x3x4"], "samples x features x state (T=50)")
-    both = [cases.Size(1, 3, 4, 5), cases.Size(8, 3, 4, 10)]
+    both = [kinds.Size(1, 3, 4, 5), kinds.Size(8, 3, 4, 10)]
     assert axis(both, "batch")[1] == "batch x features x state, sequence length"
 
 
 def test_sweep_runs_every_size(monkeypatch, capsys):
-    monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4), (3, 1, 2)))
+    monkeypatch.setattr(kinds, "SWEEP", ((1, 2, 3), (2, 3, 4), (3, 1, 2)))
     report = _run_json(capsys, *EAGER, "--sweep")
     sizes = {(r["batch"], r["features"], r["state"]) for r in report["results"]}
     assert sizes == {(1, 2, 3), (2, 3, 4), (3, 1, 2)}
@@ -200,7 +200,7 @@ def test_sweep_runs_every_size(monkeypatch, capsys):
 
 def test_sweep_with_a_progress_bar(monkeypatch, capsys):
     rich_progress = pytest.importorskip("rich.progress")
-    monkeypatch.setattr(cases, "SWEEP", ((1, 2, 3), (2, 3, 4)))
+    monkeypatch.setattr(kinds, "SWEEP", ((1, 2, 3), (2, 3, 4)))
     # The bar is transient (gone from the output once done): count what it is
     # told instead, through rich's own Progress.
     descriptions, advances = [], []
@@ -299,7 +299,7 @@ def test_sequence_default_implementations_and_table(capsys):
 def test_sequence_implementations_compute_the_same_thing(inputs_grad):
     # Same weights (loaded from the reference) and inputs: same outputs and
     # gradients, so the table compares like with like.
-    size = cases.Size(3, 5, 4, seq_len=4)
+    size = kinds.Size(3, 5, 4, seq_len=4)
     outputs, grads = {}, {}
     for impl in ("reference-loop", "lltm-loop", "lltm-sequence"):
         case = cases.make_case(impl, size, CPU, torch.float64, inputs_grad=inputs_grad)
@@ -315,6 +315,63 @@ def test_sequence_implementations_compute_the_same_thing(inputs_grad):
             torch.testing.assert_close(ours, theirs)
     lstm = cases.make_case("lstm", size, CPU, torch.float64, inputs_grad=inputs_grad)
     assert len(lstm.step()) == (7 if inputs_grad else 4)
+
+
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys):
+    # Every LLTM implementation's step rate in GFLOP/s of the products it
+    # needs, and that against a large GEMM timed in the same run.
+    report = _run_json(
+        capsys, "--seq-len", "3", "--impl", "all", *(["--inputs-grad"] if inputs_grad else [])
+    )
+    large = report["environment"]["large_gemm"]
+    assert large["n"] == kinds.LARGE_GEMM["cpu"] and large["blocks"] == 2
+    assert large["gflops"] > 0
+    size = kinds.Size(2, 3, 4, seq_len=3)
+    for (_, impl), row in _rows(report).items():
+        if impl == "lstm":  # four gates: other products
+            assert row["flops"] is None
+            assert row["step"]["gflops"] is None and row["step"]["of_large_gemm"] is None
+            continue
+        assert row["flops"] == flops.product_flops(size, inputs_grad)
+        for phase in kinds.PHASES:
+            gflops = row["flops"][phase] / row[phase]["median_s"] / 1e9
+            assert row[phase]["gflops"] == pytest.approx(gflops)
+            assert row[phase]["of_large_gemm"] == pytest.approx(gflops / large["gflops"])
+    # The table: the step's rate and fraction, the large GEMM's in the title.
+    header, rows = bench.report.table_rows(*bench.from_json(report))
+    column = header.index("step GFLOP/s (of the large GEMM's)")
+    by_impl = {row[2]: row[column] for row in rows}
+    assert by_impl["lstm"] == "-"
+    assert all("(" in by_impl[impl] for impl in SEQUENCE_IMPLS if impl != "lstm")
+    title = bench.report.title(bench.from_json(report)[1])
+    assert f"a large GEMM (torch.mm, {large['n']}^3) ran at" in title
+
+
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_product_flops_are_those_of_the_gemm_floor(inputs_grad):
+    # The count is what the gemm case computes, measured by torch's counter.
+    size = kinds.Size(2, 3, 4, seq_len=5)
+    case = cases.make_case("gemm", size, CPU, torch.float32, inputs_grad=inputs_grad)
+    forward, backward = _flops(case)
+    counted = flops.product_flops(size, inputs_grad)
+    assert (counted["forward"], counted["backward"]) == (forward, backward)
+    assert counted["step"] == forward + backward
+
+
+def test_cells_and_per_sample_count_no_products(capsys):
+    for args in ([], ["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"]):
+        report = _run_json(capsys, *args)
+        assert "large_gemm" not in report["environment"]
+        assert all("flops" not in row for row in report["results"])
+        header, _ = bench.report.table_rows(*bench.from_json(report))
+        assert not any("GFLOP/s" in column for column in header)
+
+
+def test_large_gemm_is_square_of_the_runs_dtype():
+    fn, n, operations = flops.large_gemm(CPU, torch.float64)
+    out = fn()
+    assert out.shape == (n, n) and out.dtype == torch.float64 and operations == 2 * n**3
 
 
 def test_sequence_plot_against_length(tmp_path, saved_figures):
@@ -353,7 +410,7 @@ def test_per_sample_runs_every_implementation(capsys):
     assert list(rows) == [(2, impl) for impl in PER_SAMPLE_IMPLS]
     for row in rows.values():
         assert (row["batch"], row["features"], row["state"]) == (2, 3, 4)
-        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstm_vmap"), cases.PER_SAMPLE)
+        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstm_vmap"), kinds.PER_SAMPLE)
     assert rows[2, "lltm-loop"]["step"]["speedup_vs_reference"] == pytest.approx(1.0)
     assert rows[2, "lstm-vmap"]["step"]["speedup_vs_lstm_vmap"] == pytest.approx(1.0)
 
@@ -362,12 +419,12 @@ def test_per_sample_defaults():
     # 32 samples of 50 steps unless -b or --seq-len say otherwise; the other
     # kinds keep their batch of 16.
     args = cli.parse(["--per-sample"])
-    assert cli.sizes_of(args) == [cases.Size(32, 32, 128, seq_len=50)]
+    assert cli.sizes_of(args) == [kinds.Size(32, 32, 128, seq_len=50)]
     assert args.impl == ["lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"]
     args = cli.parse(["--per-sample", "-b", "8", "--seq-len", "10,20"])
-    assert cli.sizes_of(args) == [cases.Size(8, 32, 128, t) for t in (10, 20)]
-    assert cli.sizes_of(cli.parse([])) == [cases.Size(16, 32, 128)]
-    assert cli.sizes_of(cli.parse(["--seq-len", "5"])) == [cases.Size(16, 32, 128, 5)]
+    assert cli.sizes_of(args) == [kinds.Size(8, 32, 128, t) for t in (10, 20)]
+    assert cli.sizes_of(cli.parse([])) == [kinds.Size(16, 32, 128)]
+    assert cli.sizes_of(cli.parse(["--seq-len", "5"])) == [kinds.Size(16, 32, 128, 5)]
 
 
 def test_per_sample_table_has_no_columns_it_does_not_measure(capsys):
@@ -383,8 +440,8 @@ def test_per_sample_table_has_no_columns_it_does_not_measure(capsys):
 
 
 def _per_sample_cases(impls: list[str], dtype: torch.dtype) -> dict[str, cases.PerSampleCase]:
-    size = cases.Size(3, 5, 4, seq_len=4)
-    return {impl: cases.make_case(impl, size, CPU, dtype, kind=cases.PER_SAMPLE) for impl in impls}
+    size = kinds.Size(3, 5, 4, seq_len=4)
+    return {impl: cases.make_case(impl, size, CPU, dtype, kind=kinds.PER_SAMPLE) for impl in impls}
 
 
 def test_per_sample_gradients_are_each_samples_own():
@@ -449,6 +506,100 @@ def test_per_sample_plot_and_render(render, tmp_path, saved_figures, capsys):
     assert sum(line.startswith("| 2x3x4 | 3 |") for line in lines) == 4
 
 
+# --- Per-call overhead -----------------------------------------------------------
+
+OVERHEAD_IMPLS = ["reference", "lltm", "lstmcell"]
+
+
+def test_overhead_runs_every_implementation(capsys):
+    report = _run_json(capsys, "--overhead")
+    env = report["environment"]
+    assert (env["case"], env["inputs_grad"], env["seq_len"]) == ("overhead", False, None)
+    rows = {row["impl"]: row for row in report["results"]}
+    assert list(rows) == OVERHEAD_IMPLS
+    for row in rows.values():
+        assert (row["batch"], row["features"], row["state"]) == (2, 3, 4)  # FAST's -b -f -s
+        _check_timings(row, ("speedup_vs_reference", "speedup_vs_lstmcell"), kinds.OVERHEAD)
+    assert rows["reference"]["no_grad"]["speedup_vs_reference"] == pytest.approx(1.0)
+    assert rows["lstmcell"]["step"]["speedup_vs_lstmcell"] == pytest.approx(1.0)
+
+
+def test_overhead_defaults_to_the_smallest_cell():
+    args = cli.parse(["--overhead"])
+    assert cli.sizes_of(args) == [kinds.Size(1, 2, 2)]
+    assert args.impl == OVERHEAD_IMPLS
+    assert cli.sizes_of(cli.parse(["--overhead", "-s", "8"])) == [kinds.Size(1, 2, 8)]
+    assert cli.sizes_of(cli.parse(["--overhead", "--sizes", "3x4x5"])) == [kinds.Size(3, 4, 5)]
+    # The other kinds keep their sizes.
+    assert cli.sizes_of(cli.parse(["-s", "8"])) == [kinds.Size(16, 32, 8)]
+
+
+@pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
+def test_overhead_phases_time_what_they_say(inputs_grad):
+    size = kinds.Size(1, 2, 2)
+    per_impl = {
+        impl: cases.make_case(
+            impl, size, CPU, torch.float64, inputs_grad=inputs_grad, kind=kinds.OVERHEAD
+        )
+        for impl in OVERHEAD_IMPLS
+    }
+    # The forward under no_grad records no graph; the step's forward does.
+    for case in per_impl.values():
+        assert all(t.grad_fn is None and not t.requires_grad for t in case.no_grad())
+        assert all(t.grad_fn is not None for t in case.forward())
+        _x, _h, _c, *parameters = case.inputs
+        differentiated = case.inputs if inputs_grad else parameters
+        assert list(map(id, case.leaves)) == list(map(id, differentiated))
+        assert len(case.step()) == len(differentiated)
+    # The same weights and inputs for both LLTM implementations.
+    reference_case, lltm_case = per_impl["reference"], per_impl["lltm"]
+    torch.testing.assert_close(lltm_case.no_grad(), reference_case.no_grad())
+    torch.testing.assert_close(lltm_case.step(), reference_case.step())
+
+
+def test_overhead_table(capsys):
+    assert bench.main([*FAST, "--overhead"]) == 0
+    table = capsys.readouterr().out
+    assert "per-call overhead, one cell step at the smallest size" in table
+    header = next(line for line in table.splitlines() if "impl" in line)
+    assert "no-grad forward min / median" in header and "step min / median" in header
+    assert "vs nn.LSTMCell no-grad fwd / step" in header
+    for absent in ("backward min", "bwd", "saved"):
+        assert absent not in table
+    for impl in OVERHEAD_IMPLS:
+        assert impl in table
+
+
+def test_overhead_plot_and_render(render, tmp_path, saved_figures, capsys):
+    data = tmp_path / "overhead.json"
+    args = ["--overhead", "--sizes", "1x2x2,2x2x2", "--json", str(data)]
+    panels = _plotted(args, tmp_path / "overhead.png", saved_figures)
+    assert len(panels) == 3  # time, against the reference, against nn.LSTMCell
+    drawn = [{label for label in lines if not label.startswith("_")} for _, _, lines in panels]
+    assert drawn[0] == set(OVERHEAD_IMPLS)
+    assert drawn[2] == {"lltm no_grad", "lltm step", "reference no_grad", "reference step"}
+    assert render.main([str(data)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "per-call overhead" in lines[2]
+    assert sum(line.startswith("| 2x2x2 |") for line in lines) == 3
+
+
+def test_render_across_runs_of_another_phase(render, tmp_path, capsys):
+    runs = [tmp_path / f"run{i}.json" for i in (1, 2)]
+    for run in runs:
+        assert bench.main([*FAST, "--overhead", "-q", "--json", str(run)]) == 0
+    assert render.main(["--across", "--phase", "no_grad", *map(str, runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("2 runs of overhead at 2x3x4: no_grad medians in ")
+    assert "against the eager reference and against nn.LSTMCell" in lines[0]
+    assert lines[2] == "| run | reference | lltm | lstmcell |"
+    # Every row: the reference's no-grad speed-up against itself, 1.
+    assert len(lines) == 7
+    assert all("(1.00x; " in line.split(" | ")[1] for line in lines[4:])
+    with pytest.raises(SystemExit, match="overhead runs time no backward phase"):
+        render.main(["--across", "--phase", "backward", *map(str, runs)])
+
+
 # --- The GEMM floor --------------------------------------------------------------
 
 
@@ -464,7 +615,7 @@ def _flops(case: bench.Case) -> tuple[int, int]:
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 def test_gemm_floor_of_a_cell(inputs_grad):
     b, f, s = 2, 3, 4
-    case = cases.make_case("gemm", cases.Size(b, f, s), CPU, torch.float32, inputs_grad=inputs_grad)
+    case = cases.make_case("gemm", kinds.Size(b, f, s), CPU, torch.float32, inputs_grad=inputs_grad)
     gemm = 2 * b * (s + f) * 3 * s  # multiply-adds of one (b, s+f) x (s+f, 3s) product, x2
     # Forward: [h, x] @ W^T. Backward: the weight gradient, and the input
     # gradient d_gates @ W only when the inputs need it.
@@ -474,7 +625,7 @@ def test_gemm_floor_of_a_cell(inputs_grad):
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 def test_gemm_floor_of_a_sequence(inputs_grad):
     t, b, f, s = 5, 2, 3, 4
-    size = cases.Size(b, f, s, seq_len=t)
+    size = kinds.Size(b, f, s, seq_len=t)
     case = cases.make_case("gemm", size, CPU, torch.float32, inputs_grad=inputs_grad)
     projection, recurrent = 2 * t * b * f * 3 * s, 2 * b * s * 3 * s
     weight_grad = 2 * 3 * s * t * b * (s + f)
@@ -503,8 +654,11 @@ def test_gemm_floor_of_a_sequence(inputs_grad):
         (["--seq-len", ""], "sequence lengths of at least 1"),
         (["--per-sample", "--impl", "lstm"], "no per-sample implementation lstm"),
         (["--per-sample", "--inputs-grad"], "per-sample gradients are those of the parameters"),
+        (["--overhead", "--impl", "gemm"], "no overhead implementation gemm"),
+        (["--overhead", "--seq-len", "2"], "--overhead times one cell step"),
+        (["--overhead", "--per-sample"], "one kind of case per run"),
     ],
-    ids=["impl", "impl-case", "impl-sequence", "sizes", "sizes-4", "dtype", "runs", "seq-0", "seq-x", "seq-empty", "impl-per-sample", "per-sample-inputs-grad"],
+    ids=["impl", "impl-case", "impl-sequence", "sizes", "sizes-4", "dtype", "runs", "seq-0", "seq-x", "seq-empty", "impl-per-sample", "per-sample-inputs-grad", "overhead-impl", "overhead-seq", "overhead-per-sample"],
 )  # fmt: skip
 def test_bad_arguments_exit_with_a_message(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -519,7 +673,7 @@ def test_help_describes_every_kind(capsys):
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     for word in (
-        *("--seq-len", "--inputs-grad", "--per-sample"),
+        *("--seq-len", "--inputs-grad", "--per-sample", "--overhead"),
         *("reference-loop", "lltm-sequence", "lstmcell", "lltm-vmap", "lstm-vmap"),
     ):
         assert word in text
@@ -611,10 +765,11 @@ def test_render_across_repeated_runs(render, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "kind"),
     [
-        (["--seq-len", "2", "--impl", "lltm-sequence"], cases.SEQUENCE),
-        (["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"], cases.PER_SAMPLE),
+        (["--seq-len", "2", "--impl", "lltm-sequence"], kinds.SEQUENCE),
+        (["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"], kinds.PER_SAMPLE),
+        (["--overhead"], kinds.OVERHEAD),
     ],
-    ids=["sequence", "per-sample"],
+    ids=["sequence", "per-sample", "overhead"],
 )
 def test_json_round_trip(args, kind, capsys):
     report = _run_json(capsys, *args)

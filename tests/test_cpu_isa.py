@@ -1,17 +1,15 @@
 """Which instruction set the CPU kernels run, and every variant of them.
 
 On x86-64 the kernels are compiled for the baseline ISA, AVX2+FMA and AVX-512
-and the widest the CPU supports is chosen at the first call; on arm64 there
-are the baseline and NEON (the baseline plus the packed GEMM of
-lltm_cpu_gemm.h), NEON being every arm64 CPU's. LLTM_CPU_ISA caps the choice.
+and the widest the CPU supports is chosen at the first call; on arm64 for the
+baseline and NEON, NEON being every arm64 CPU's. LLTM_CPU_ISA caps the choice.
 The variants compute the same values (AVX2 and AVX-512 even bit for bit), so
 results cannot tell which one ran: lltm._C.cpu_isa() says, and the tests here
-hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity, sequence and
-thread suites run again in a subprocess per variant below the default one:
-the baseline set also takes another path through the sequence kernels
-(torch's GEMM for the per-step products, where AVX2/AVX-512/NEON use the
-packed kernel), and the sequences at the packed kernels' panel and tile
-edges below run under each variant too.
+hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity, sequence,
+fused-step and thread suites run again in a subprocess per variant below the
+default one: each set has its own vector width and tile height in the
+sequence kernels' fused steps (lltm_cpu_recurrence.h; on arm64 the baseline's
+tiles are 4 rows of 16-byte vectors, NEON's 6).
 """
 
 from __future__ import annotations
@@ -24,10 +22,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import GRAD_NAMES, assert_all_close
-from test_sequence import OUTPUT_NAMES as SEQUENCE_OUTPUTS
-from test_sequence import assert_tight, loop_of_cells, make_sequence_inputs, run_sequence
 
 import lltm
 from lltm import _C
@@ -169,42 +163,17 @@ def test_info_names_the_set_in_use():
     assert row.split()[-1] == _expected(None) == lltm._C.cpu_isa()
 
 
-# Sequences whose products meet every packed kernel's partial panels and
-# tiles: panels are 3 vectors wide (NEON 6 doubles or 12 floats, AVX2 12 or
-# 24, AVX-512 24 or 48 columns of 3 * state for W_h, of 3 * state too for
-# W_x) and tiles 4 (AVX2), 6 (NEON) or 8 (AVX-512) rows of the batch; 3 *
-# state runs through and past each panel width, the batches past each tile.
-EDGE_STATES = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17]
-EDGE_BATCHES = [1, 3, 5, 7, 9, 13]
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-@pytest.mark.parametrize("state", EDGE_STATES)
-def test_sequences_at_the_packed_kernels_edges(state, dtype):
-    for batch in EDGE_BATCHES:
-        inputs = make_sequence_inputs(3, batch, 5, state, dtype, seed=batch)
-        out, grads = run_sequence(lltm.lltm_sequence, inputs)
-        ref_out, ref_grads = run_sequence(loop_of_cells, [t.double() for t in inputs])
-        names = [f"{name} (batch {batch})" for name in SEQUENCE_OUTPUTS + GRAD_NAMES]
-        if dtype == torch.float64:
-            assert_tight(out + grads, ref_out + ref_grads, names)
-        else:
-            # A product or a pointwise step wrong in one column or row is off
-            # by O(1); float rounding over 3 steps stays below 1e-5.
-            assert_all_close(
-                [t.double() for t in out + grads], ref_out + ref_grads, names, rtol=1e-4, atol=1e-5
-            )
-
-
 # The suites that reach the kernels' ISA-specific code: the pointwise spans
-# of every dtype and layout, the sequence kernels' per-step products, and the
-# split of the work between threads. Compilation and opcheck test the Python
-# registration, the same for every variant: left to the default run.
-SUITES = ["test_parity.py", "test_sequence.py", "test_threads.py", "test_layouts.py"]
-# The tests of this file that run again under each variant.
-IN_EVERY_VARIANT = [
-    "test_this_process_runs_the_set_the_environment_asks_for",
-    "test_sequences_at_the_packed_kernels_edges",
+# of every dtype and layout, the sequence kernels' fused steps (their own
+# tests at every tile, vector and pass boundary, and the sequence suite), and
+# the split of the work between threads. Compilation and opcheck test the
+# Python registration, the same for every variant: left to the default run.
+SUITES = [
+    "test_parity.py",
+    "test_sequence.py",
+    "test_fused_steps.py",
+    "test_threads.py",
+    "test_layouts.py",
 ]
 
 
@@ -220,7 +189,7 @@ def test_suites_pass_with_every_lower_isa(isa):
         "",
         isa,
         *("-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not compile and not opcheck"),
-        *(f"{TESTS / 'test_cpu_isa.py'}::{test}" for test in IN_EVERY_VARIANT),
+        f"{TESTS / 'test_cpu_isa.py'}::test_this_process_runs_the_set_the_environment_asks_for",
         *(str(TESTS / suite) for suite in SUITES),
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

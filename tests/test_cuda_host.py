@@ -183,11 +183,11 @@ def test_routing_runs_the_cuda_kernels_and_is_undone():
 #
 # The two differ by design only in where they round:
 # * both sum GEMM products in their own order (cuBLAS or MKL/OpenBLAS, lltm's
-#   packed GEMM for the CPU's sequences), a few units of the dtype's epsilon
+#   fused steps for the CPU's sequences), a few units of the dtype's epsilon
 #   times the magnitude of the terms;
 # * float32 and float64 sequences on CUDA compute each step's pre-activations
 #   in two GEMMs (x_t W_x^T + b for all steps at once, then + h W_h^T),
-#   rounding them twice; the CPU's packed kernel rounds once;
+#   rounding them twice; the CPU's fused steps round once;
 # * 16-bit grad_bias: the CPU sums the float32 gradients in double, CUDA in
 #   float32; both round once.
 # Bound on |cuda - cpu|, relative to each tensor's RMS (at least 1):

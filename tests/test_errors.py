@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ALL_GRADS, make_inputs
+from conftest import ALL_GRADS, TORCH, make_inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lltm
 from lltm import _composite
+from lltm.ops import errors, library
 
 B, F, S = 2, 3, 4
 
@@ -314,6 +315,50 @@ def test_fake_kernel_raises_the_same_backward(case):
     assert _eager_message(torch.ops.lltm.backward, _to_meta(args)) == expected
 
 
+# --- The documented type, under every torch ------------------------------------
+# Only the text of a kernel's exception crosses torch's stable ABI: its
+# argument errors reach Python as ValueError through torch 2.14 and as
+# RuntimeError from 2.15, and lltm.ops.errors gives them their type back. The
+# tests above hold the result under the torch they run with; these hold the
+# mechanism under any torch, fed a kernel's message as 2.15 delivers it.
+
+
+@pytest.mark.parametrize(
+    ("op", "case"),
+    [(library.forward, case) for case in FORWARD_CASES if "meta" not in case]
+    + [(library.backward, case) for case in BACKWARD_CASES if "meta" not in case],
+)
+def test_a_kernels_argument_error_gets_its_type_back(op, case):
+    args, _ = (FORWARD_CASES if op is library.forward else BACKWARD_CASES)[case]
+    message = _eager_message(op, args)
+    restored = errors.typed(RuntimeError(message), op, tuple(args))
+    assert type(restored) is ValueError and str(restored) == message
+
+
+def test_a_failure_with_valid_arguments_stays_a_runtime_error():
+    args = _with()
+    failure = RuntimeError("lltm: the matrix product failed: some reason of torch's")
+    assert errors.typed(failure, library.forward, tuple(args)) is failure
+
+
+@pytest.mark.parametrize("case", ["weights_features", "old_h_batch", "input_int64", "bias_size"])
+def test_inference_mode(case):
+    args, pattern = FORWARD_CASES[case]
+    with torch.inference_mode():
+        # lltm's entry points: the documented type, whatever the torch.
+        with pytest.raises(ValueError) as info:
+            lltm.lltm_cell(*args)
+        _assert_lltm_error(info.value, pattern)
+        # The operator called directly in inference mode reaches the kernel
+        # with no Python in between (no Autograd key): the type is torch's,
+        # ValueError through 2.14 (pybind11's for std::invalid_argument),
+        # RuntimeError from 2.15; the text is the same.
+        with pytest.raises(Exception) as info:
+            torch.ops.lltm.forward(*args)
+        assert type(info.value) is (RuntimeError if TORCH >= (2, 15) else ValueError)
+        assert str(info.value).startswith("lltm: ") and re.match(pattern, str(info.value)[6:])
+
+
 # --- What is valid -------------------------------------------------------------
 
 
@@ -403,6 +448,8 @@ def test_backtrace_scan_finds_a_cpp_backtrace():
     # scan must see it (and still not in lltm's own messages).
     messages, _ = _raise_all(control=True, TORCH_SHOW_CPP_STACKTRACES="1")
     *ours, aten = messages
-    assert aten.startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    # torch 2.15 names the operator in front of its message.
+    prefix = "mm: " if TORCH >= (2, 15) else ""
+    assert aten.startswith(f"RuntimeError: {prefix}mat1 and mat2 shapes cannot be multiplied")
     assert "Exception raised from" in _backtraces([aten], "")
     assert not _backtraces(ours, "")

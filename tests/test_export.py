@@ -4,6 +4,9 @@ with lltm's modules."""
 
 from __future__ import annotations
 
+import json
+import zipfile
+
 import pytest
 import torch
 from torch.export import Dim
@@ -76,6 +79,14 @@ def test_aot_inductor_package_runs(tmp_path):
     )
     compiled = torch._inductor.aoti_load_package(path)
     _assert_same(compiled(*inputs), model(*inputs))
+    # The compiled model calls the fused operators (extern kernels, listed in
+    # the package beside the wrapper): lltm's decompositions are only for
+    # consumers that lower to core ATen (tests/test_decompositions.py).
+    with zipfile.ZipFile(path) as package:
+        (listing,) = [name for name in package.namelist() if name.endswith("wrapper.json")]
+        targets = [node["node"]["target"] for node in json.loads(package.read(listing))["nodes"]]
+    assert targets.count("lltm::forward") == 1
+    assert targets.count("lltm::sequence_forward") == 4
 
 
 def test_non_reentrant_checkpointing_matches_plain_backward():

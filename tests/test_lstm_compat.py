@@ -77,6 +77,36 @@ def test_no_bias_means_no_parameter_and_no_bias_work():
     # Gradients flow to the weights as usual.
     output.sum().backward()
     assert all(p.grad is not None for p in module.parameters())
+    # Frozen (nothing requires grad, grad mode on): the same outputs, no graph.
+    module.requires_grad_(False)
+    frozen, (frozen_h, frozen_c) = module(x)
+    torch.testing.assert_close((frozen, frozen_h, frozen_c), (output, h_n, c_n))
+    assert frozen.grad_fn is None
+
+
+def test_a_cell_without_bias_when_nothing_requires_grad():
+    x, weights, bias, h, c = lltm.reference.example_inputs(2, 3, 4)
+    new_h, new_cell = lltm.lltm_cell(x, weights, None, h, c)
+    expected = lltm.reference.lltm_cell(x, weights, torch.zeros_like(bias), h, c)
+    torch.testing.assert_close((new_h, new_cell), expected)
+    assert new_h.grad_fn is None
+
+
+def test_no_bias_when_nothing_requires_grad():
+    # Grad mode on, no tensor requiring grad: the eager path asks each argument
+    # whether autograd needs a graph, and a bias of None is no tensor to ask.
+    args = lltm.reference.example_inputs()
+    args[2] = None
+    new_h, new_cell = lltm.lltm_cell(*args)
+    torch.testing.assert_close((new_h, new_cell), lltm.reference.lltm_cell(*args))
+    input, weights, _, old_h, old_cell = args
+    output, (h_n, c_n) = lltm.lltm_sequence(input[None], weights, None, old_h, old_cell)
+    torch.testing.assert_close((output[0], h_n, c_n), (new_h, new_h, new_cell))
+    # A module without bias whose parameters are frozen, as for inference.
+    module = _module(bias=False).requires_grad_(False)
+    x = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    expected = _module(bias=False)(x)
+    torch.testing.assert_close(module(x), expected)
 
 
 def _layer_by_layer(module, x, dropout):

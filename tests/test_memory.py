@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lltm
-from lltm.bench import cases
+from lltm.bench import cases, kinds
 
 CPU = torch.device("cpu")
 SIZES = [(16, 32, 128), (5, 3, 7), (64, 256, 512)]
@@ -46,15 +46,15 @@ def _saved_tensors(fn, inputs):
 def test_cell_keeps_the_activated_gates_and_new_cell_only(size, inputs_grad):
     b, _, s = size
     itemsize = torch.finfo(torch.float32).bits // 8
-    beyond = _saved_beyond_inputs("lltm", cases.Size(*size), inputs_grad)
+    beyond = _saved_beyond_inputs("lltm", kinds.Size(*size), inputs_grad)
     assert beyond == (b * 3 * s + b * s) * itemsize
 
 
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 @pytest.mark.parametrize("size", SIZES, ids=str)
 def test_cell_keeps_about_half_of_what_the_reference_keeps(size, inputs_grad):
-    ours = _saved_beyond_inputs("lltm", cases.Size(*size), inputs_grad)
-    theirs = _saved_beyond_inputs("reference", cases.Size(*size), inputs_grad)
+    ours = _saved_beyond_inputs("lltm", kinds.Size(*size), inputs_grad)
+    theirs = _saved_beyond_inputs("reference", kinds.Size(*size), inputs_grad)
     # 4 values per (row, state) against the reference's 8.25 to 8.6.
     assert 0.4 <= ours / theirs <= 0.55, f"{ours} bytes vs the reference's {theirs}"
 
@@ -84,7 +84,7 @@ def test_saved_tensors_are_the_gates_and_new_cell():
 def test_sequence_keeps_output_gates_and_cells(size, inputs_grad):
     b, f, s, t = size
     itemsize = torch.finfo(torch.float32).bits // 8
-    sequence_size = cases.Size(b, f, s, seq_len=t)
+    sequence_size = kinds.Size(b, f, s, seq_len=t)
     ours = _saved_beyond_inputs("lltm-sequence", sequence_size, inputs_grad)
     loop = _saved_beyond_inputs("lltm-loop", sequence_size, inputs_grad)
     lstm = _saved_beyond_inputs("lstm", sequence_size, inputs_grad)

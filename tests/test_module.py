@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+import torch.nn.utils.parametrize
+import torch.nn.utils.prune
 from conftest import (
     assert_all_close,
     assert_as_accurate_as_reference,
@@ -173,3 +175,64 @@ def test_module_moves_with_to(dtype):
         step(exact, lambda t: t.double()),
         dtype,
     )
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, weights):
+        return 2 * weights
+
+
+def _doubled_weights(module):
+    torch.nn.utils.parametrize.register_parametrization(module, "weights", _Doubled())
+
+
+def _pruned_weights(module):
+    mask = torch.ones_like(module.weights)
+    mask[::2, 1::3] = 0
+    torch.nn.utils.prune.custom_from_mask(module, "weights", mask)
+
+
+def _assigned_weights(module):
+    module.weights = torch.nn.Parameter(2 * module.weights.detach())
+
+
+def _no_bias(module):
+    module.bias = None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_doubled_weights, _pruned_weights, _assigned_weights, _no_bias],
+    ids=["parametrize", "prune", "assigned", "bias-none"],
+)
+def test_parameters_are_read_where_torch_keeps_them(change):
+    # lltm.LLTM reads its parameters from the module's parameter dict when
+    # they are there; wherever torch's utilities move them, the module must
+    # compute with what the attribute gives, as the reference does.
+    ours, theirs = _pair()
+    for module in (ours, theirs):
+        change(module)
+    x, _, _, h, c = make_inputs(3, 5, 7)
+
+    def step(module):
+        new_h, new_c = module(x, (h, c))
+        leaves = list(module.parameters())
+        grads = torch.autograd.grad((new_h, new_c), leaves, make_grad_outputs(new_h, new_c))
+        return [new_h, new_c, *grads]
+
+    expected = step(theirs)
+    assert len(expected) == 2 + len(list(ours.parameters()))
+    assert_all_close(step(ours), expected, [f"output {i}" for i in range(len(expected))])
+
+
+def test_functional_call_replaces_the_parameters():
+    ours, theirs = _pair()
+    x, _, _, h, c = make_inputs(3, 5, 7)
+    replaced = {name: 2 * p.detach() for name, p in ours.named_parameters()}
+    result = torch.func.functional_call(ours, replaced, (x, (h, c)))
+    expected = torch.func.functional_call(theirs, replaced, (x, (h, c)))
+    assert_all_close(result, expected, ("new_h", "new_c"))
+    # The replacements, not the module's own parameters, were used; and the
+    # module's own are back afterwards.
+    assert not torch.allclose(result[0], ours(x, (h, c))[0])
+    assert_all_close(ours(x, (h, c)), theirs(x, (h, c)), ("new_h", "new_c"))

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lltm
 from lltm import _composite, reference
+from lltm.ops import errors, library
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -608,6 +609,76 @@ def test_bad_arguments_name_the_argument(case, kernel):
     fn = torch.ops.lltm.sequence_forward if kernel == "native" else _composite.sequence_forward
     with pytest.raises(ValueError, match=r"^lltm: " + pattern):
         fn(*args)
+
+
+@pytest.mark.parametrize("case", SEQUENCE_ERRORS)
+def test_a_kernels_argument_error_gets_its_type_back(case):
+    # The message as torch >= 2.15 delivers it, a RuntimeError (only the text
+    # crosses the stable ABI): lltm.ops.errors restores the ValueError.
+    args, _ = SEQUENCE_ERRORS[case]
+    with pytest.raises(ValueError) as info:
+        torch.ops.lltm.sequence_forward(*args)
+    message = str(info.value)
+    restored = errors.typed(RuntimeError(message), library.sequence_forward, tuple(args))
+    assert type(restored) is ValueError and str(restored) == message
+
+
+def _sequence_backward_with(case="padded", mask=(True,) * 5, **changes):
+    args = _op_args(case)
+    backward = _backward_args(args, torch.ops.lltm.sequence_forward(*args), mask)
+    names = (
+        "grad_output", "grad_h_n", "grad_c_n", "output", "gates", "cells",
+        "input", "weights", "old_h", "batch_sizes", "reverse", "output_mask",
+    )  # fmt: skip
+    named = dict(zip(names, backward, strict=True))
+    named.update({k: v(named[k]) for k, v in changes.items()})
+    return list(named.values())
+
+
+SEQUENCE_BACKWARD_ERRORS = {
+    "gates_width": (
+        _sequence_backward_with(gates=lambda t: t[..., :-1]),
+        r"gates must have shape \(seq_len, batch, 3 \* state_size\) = \(5, 4, 21\), got \(5, 4, 20\)",
+    ),
+    "grad_h_n_dtype": (
+        _sequence_backward_with(grad_h_n=lambda t: t.float()),
+        r"grad_h_n has dtype torch\.float32 but input has torch\.float64",
+    ),
+    "cells_steps": (
+        _sequence_backward_with(cells=lambda t: t[:-1]),
+        r"cells must have shape \(seq_len, batch, state_size\) = \(5, 4, 7\), got \(4, 4, 7\)",
+    ),
+    "packed_batch_sizes_sum": (
+        _sequence_backward_with("packed", batch_sizes=lambda t: t[:-1]),
+        r"batch_sizes must sum to the rows of input",
+    ),
+    "output_mask": (
+        _sequence_backward_with(output_mask=lambda m: m[:4]),
+        r"output_mask must have 5 entries \(input, weights, bias, old_h, old_cell\), got 4",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "op"),
+    [(case, "sequence_backward") for case in SEQUENCE_BACKWARD_ERRORS]
+    # sequence_gate_grads: the same arguments but output_mask.
+    + [(case, "sequence_gate_grads") for case in SEQUENCE_BACKWARD_ERRORS if case != "output_mask"],
+)
+def test_bad_backward_arguments_name_the_argument(case, op):
+    args, pattern = SEQUENCE_BACKWARD_ERRORS[case]
+    if op == "sequence_gate_grads":
+        args = args[:-1]
+    native, composite = getattr(torch.ops.lltm, op), getattr(_composite, op)
+    with pytest.raises(ValueError, match=r"^lltm: " + pattern) as info:
+        native(*args)
+    message = str(info.value)
+    with pytest.raises(ValueError) as composite_info:
+        composite(*args)
+    assert str(composite_info.value) == message
+    # As torch >= 2.15 delivers it: a RuntimeError with the kernel's text.
+    restored = errors.typed(RuntimeError(message), getattr(library, op), tuple(args))
+    assert type(restored) is ValueError and str(restored) == message
 
 
 def test_module_rejects_bad_state_and_input():

@@ -11,8 +11,8 @@
 // 16-bit inputs are computed in float32. GEMMs go through torch (MKL or
 // OpenBLAS behind the C shim): a hand-written AVX-512 kernel for the forward's
 // shape (dot products, no packing) matched MKL but did not beat it, and a
-// packed kernel (lltm_cpu_gemm.h) pays off only where the packing is reused,
-// over a sequence. Everything else is in this directory: the pointwise math
+// packed kernel (lltm_cpu_recurrence.h) pays off only where the packing is
+// reused, over a sequence. Everything else is in this directory: the pointwise math
 // vectorized for each instruction set (lltm_cpu_spans.h, lltm_cpu_math.h) and
 // its glue to tensors (lltm_cpu_rows.h).
 #include <torch/csrc/stable/library.h>

@@ -1,16 +1,17 @@
 // Which instruction set lltm's CPU kernels run, chosen at run time.
 //
 // Each architecture has a baseline, the code every CPU of it runs (SSE2 on
-// x86-64, NEON on arm64: the compiler vectorizes the pointwise loops of
-// lltm_cpu_spans.h for it), and wider or hand-tuned variants:
+// x86-64, NEON on arm64), and wider or better-fitted variants:
 //
 //   x86-64 (GCC or Clang): the vectorized kernels (lltm_cpu_spans.h,
-//     lltm_cpu_gemm.h) are compiled a second and third time, for AVX2+FMA and
-//     for AVX-512, and the widest set the CPU supports is picked once, at the
-//     first kernel call.
-//   arm64 (GCC or Clang): "neon" adds the packed GEMM of lltm_cpu_gemm.h for
-//     the sequences' per-step products (the baseline uses torch's GEMM
-//     there). NEON is part of every arm64 CPU, so it is always the default.
+//     lltm_cpu_recurrence.h) are compiled a second and third time, for
+//     AVX2+FMA and for AVX-512, and the widest set the CPU supports is picked
+//     once, at the first kernel call.
+//   arm64 (GCC or Clang): "neon" compiles the fused sequence steps of
+//     lltm_cpu_recurrence.h with register tiles sized for NEON's 32 vector
+//     registers (the baseline's tiles are the portable ones, sized for
+//     SSE2's 16). NEON is part of every arm64 CPU, so it is always the
+//     default.
 //
 // LLTM_CPU_ISA caps the choice (baseline|avx2|avx512 on x86-64,
 // baseline|neon on arm64), to test or time every variant on one machine;
@@ -38,8 +39,8 @@
 #define LLTM_X86_DISPATCH 0
 #endif
 
-// arm64's packed kernel is written with GCC's vector extensions (Clang has
-// them too); NEON needs no target attribute: it is the architecture's own.
+// arm64's NEON steps are GCC/Clang vector extensions like the others; they
+// need no target attribute: NEON is the architecture's own.
 #if (defined(__aarch64__) || defined(_M_ARM64)) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(_MSC_VER)
 #define LLTM_ARM64_NEON 1

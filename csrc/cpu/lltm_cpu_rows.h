@@ -1,7 +1,7 @@
 // The glue between tensors and the span kernels (lltm_cpu_spans.h), shared by
-// the cell (lltm_cpu.cpp) and the sequence (lltm_cpu_sequence.cpp) kernels:
-// strided and 16-bit rows are staged through small dense buffers of the math
-// type, dense rows of that type are used in place.
+// the cell (lltm_cpu.cpp) and the sequence (lltm_cpu_sequence_forward.cpp,
+// lltm_cpu_sequence_backward.cpp) kernels: strided and 16-bit rows are staged through small dense
+// buffers of the math type, dense rows of that type are used in place.
 #pragma once
 
 #include <torch/csrc/stable/ops.h>

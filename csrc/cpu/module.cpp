@@ -2,7 +2,7 @@
 // lltm/_C.py: the lltm version it was built from, which `lltm info` compares
 // with the Python package's to spot a stale build, the oldest torch it loads
 // in, and the instruction set its kernels run. The op schemas (lltm_ops.cpp)
-// and the CPU kernels (lltm_cpu.cpp, lltm_cpu_sequence.cpp) linked into the
+// and the CPU kernels (lltm_cpu.cpp, lltm_cpu_sequence_*.cpp) linked into the
 // same library register themselves when it is loaded.
 #include <string>
 

@@ -3,7 +3,7 @@
 // from, the CUDA runtime version and GPU architectures it was compiled for,
 // and whether its kernels can run on a given GPU, for lltm's diagnostics and
 // its per-device fallback. The CUDA kernels (lltm_cuda.cu,
-// lltm_cuda_sequence.cu) linked into the same library register themselves,
+// lltm_cuda_sequence_*.cu) linked into the same library register themselves,
 // for the op schemas lltm's CPU library declares, when it is loaded.
 #include <string>
 

@@ -1,9 +1,9 @@
-"""lltm's CPU library, loaded: importing this module registers lltm's op
-schemas (csrc/lltm_ops.cpp) and CPU kernels with torch.
+"""lltm's CPU library, loaded.
 
-The library is ``lltm/lib/lltm_cpu.so`` (``.dll`` on Windows), a plain shared
-library with no CPython API (see lltm/_native.py); this module holds what it
-says of itself.
+Importing this module registers lltm's op schemas (csrc/lltm_ops.cpp) and
+CPU kernels with torch. The library is ``lltm/lib/lltm_cpu.so`` (``.dll`` on
+Windows), a plain shared library with no CPython API (see lltm/_native.py);
+this module holds what it says of itself.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ torch_target_version: str = _library.torch_target_version
 
 
 def cpu_isa() -> str:
-    """The instruction set lltm's CPU kernels run: baseline, avx2 or avx512 on
-    x86-64, baseline or neon on arm64; chosen now if no kernel has run yet.
-    Raises the ValueError a kernel call would while LLTM_CPU_ISA is invalid."""
+    """The instruction set lltm's CPU kernels run.
+
+    baseline, avx2 or avx512 on x86-64, baseline or neon on arm64; chosen now
+    if no kernel has run yet. Raises the ValueError a kernel call would while
+    LLTM_CPU_ISA is invalid.
+    """
     return _library.cpu_isa()

@@ -7,16 +7,25 @@ import sys
 from collections.abc import Sequence
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lltm", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``lltm``: its subcommands parse their own arguments."""
+    p = argparse.ArgumentParser(prog="lltm", description=__doc__)
+    commands = p.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="versions, ABI, registered kernels and CUDA status")
     commands.add_parser(
         "bench",
         help="benchmark lltm against the reference (see: lltm bench --help)",
         add_help=False,
     )
-    args, rest = parser.parse_known_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``lltm info`` or ``lltm bench`` with ``argv`` (default: ``sys.argv[1:]``).
+
+    Returns the exit status.
+    """
+    args, rest = parser().parse_known_args(argv)
     if args.command == "info":
         from .info import main as info_main
 

@@ -106,8 +106,10 @@ def _missing_plugin(installed: list[str], torch_cuda: str) -> PluginStatus:
 
 
 def plugin_damage(name: str) -> str | None:
-    """How the installed plugin `name`'s library differs from what its
-    installer recorded, or None (see lltm/_integrity.py)."""
+    """How the installed plugin ``name``'s library differs from its installer's record.
+
+    None where it matches (see lltm/_integrity.py).
+    """
     spec = importlib.util.find_spec(name)  # finds the package, imports nothing
     locations = spec.submodule_search_locations if spec is not None else None
     if not locations:
@@ -190,11 +192,13 @@ _probe_lock = threading.Lock()
 
 
 def device_problem(index: int) -> str:
-    """Why the loaded plugin's kernels cannot run on CUDA device `index` (no
-    code for its architecture, compiled or as PTX the driver can JIT), or "".
-    Asked of the plugin until it can tell, then remembered; creates that
-    device's context (and no other). Safe from any thread: one probe and at
-    most one warning per device."""
+    """Why the loaded plugin's kernels cannot run on CUDA device ``index``, or "".
+
+    No code for its architecture, compiled or as PTX the driver can JIT. Asked
+    of the plugin until it can tell, then remembered; creates that device's
+    context (and no other). Safe from any thread: one probe and at most one
+    warning per device.
+    """
     known = _device_problems.get(index)
     if known is not None:
         return known
@@ -217,7 +221,7 @@ def device_problem(index: int) -> str:
         warnings.warn(
             f"lltm: {PLUGIN.module} cannot run on cuda:{index}: {problem}; CUDA tensors on "
             "that device run the composite PyTorch implementation. For the fused kernels "
-            f"there, build {PLUGIN.module.replace('_', '-')} with its compute capability in "
+            f"there, build {str(PLUGIN.module).replace('_', '-')} with its compute capability in "
             f"TORCH_CUDA_ARCH_LIST (this one has {archs})",
             RuntimeWarning,
             stacklevel=3,
@@ -225,12 +229,20 @@ def device_problem(index: int) -> str:
     return problem
 
 
-@torch.compiler.assume_constant_result
+# torch.compiler.assume_constant_result returns the function it marks.
+_constant_for_compile: Callable[[Callable[[int], bool]], Callable[[int], bool]] = (
+    torch.compiler.assume_constant_result
+)
+
+
+@_constant_for_compile
 def fused_kernels_run_on(index: int) -> bool:
-    """False where lltm's CUDA plugin is loaded but cannot run on device
-    `index`: its callers then use the composite kernel for that device's
-    tensors. (Without a loaded plugin the dispatcher already does.) A
-    constant for torch.compile: a graph is traced for one device."""
+    """False where lltm's CUDA plugin is loaded but cannot run on device ``index``.
+
+    Its callers then use the composite kernel for that device's tensors.
+    (Without a loaded plugin the dispatcher already does.) A constant for
+    torch.compile: a graph is traced for one device.
+    """
     return not PLUGIN.loaded or not device_problem(index)
 
 
@@ -275,7 +287,7 @@ def _warning_first(kernel: Callable[..., Any]) -> Callable[..., Any]:
 # device_types=None registers the CompositeExplicitAutograd entry: the kernel
 # for every device that has no native one of its own. Forwards warn (once per
 # device type); their backwards only run after a forward has.
-_COMPOSITE_KERNELS = {
+_COMPOSITE_KERNELS: dict[str, Callable[..., Any]] = {
     "lltm::forward": _warning_first(_composite.forward),
     "lltm::backward": _composite.backward,
     "lltm::sequence_forward": _warning_first(_composite.sequence_forward),

@@ -1,13 +1,14 @@
 """Argument checks of the lltm operators, as the C++ kernels make them.
 
-This mirrors csrc/lltm_checks.h message for message: the fake kernels and the
-composite kernel run these, so eager, compiled and fallback calls fail alike,
-with a short error naming the argument and what was expected.
+This mirrors csrc/lltm_checks.h and csrc/lltm_sequence_checks.h message for
+message: the fake kernels and the composite kernel run these, so eager,
+compiled and fallback calls fail alike, with a short error naming the argument
+and what was expected.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 from torch import Tensor
@@ -19,7 +20,7 @@ def _shape(t: Tensor) -> str:
     return str(tuple(t.shape))
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise ValueError(f"lltm: {message}")
 
 
@@ -39,9 +40,12 @@ def _check_matrix(t: Tensor, name: str, rows: Any, cols: Any, expected: str) -> 
 
 
 def _check_weights(weights: Tensor, state: Any, features: Any) -> None:
-    """weights: (3 * state_size, state_size + input_features), with state_size
-    from old_h and input_features from input. The message names the argument
-    that disagrees as a caller reads it (see check_weights in lltm_checks.h)."""
+    """weights: (3 * state_size, state_size + input_features).
+
+    state_size comes from old_h and input_features from input. The message
+    names the argument that disagrees as a caller reads it (see check_weights
+    in lltm_checks.h).
+    """
     if (
         weights.dim() == 2
         and weights.shape[0] == 3 * state
@@ -144,8 +148,10 @@ def check_backward_args(
 
 
 def check_output_mask(output_mask: Any) -> tuple[bool, bool, bool, bool, bool]:
-    """lltm::backward's output_mask: which of (input, weights, bias, old_h,
-    old_cell) get a gradient."""
+    """lltm::backward's output_mask: which of the five arguments get a gradient.
+
+    The five are (input, weights, bias, old_h, old_cell).
+    """
     if len(output_mask) != 5:
         _fail(
             "output_mask must have 5 entries (input, weights, bias, old_h, old_cell), "
@@ -158,8 +164,11 @@ def check_output_mask(output_mask: Any) -> tuple[bool, bool, bool, bool, bool]:
 
 
 class SequenceSizes(NamedTuple):
-    """A sequence call: ``steps`` steps over ``batch`` sequences, ``rows`` rows
-    of input in all (steps * batch unless packed)."""
+    """The sizes of a sequence call.
+
+    ``steps`` steps over ``batch`` sequences, ``rows`` rows of input in all
+    (steps * batch unless packed).
+    """
 
     steps: Any
     batch: Any

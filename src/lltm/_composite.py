@@ -27,9 +27,11 @@ from ._checks import (
 
 
 def math_type(t: Tensor) -> torch.dtype:
-    """The type the pointwise math runs in, as in the native kernels: float32
-    for 16-bit types (each op rounding to 16 bits would lose digits to every
-    1 - y and every sum), the type itself otherwise."""
+    """The type the pointwise math runs in, as in the native kernels.
+
+    float32 for 16-bit types (each op rounding to 16 bits would lose digits to
+    every 1 - y and every sum), the type itself otherwise.
+    """
     return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 
@@ -40,14 +42,37 @@ def forward(
     math = math_type(input)
     # One rounding of the pre-activations, with the bias or without one.
     pre = F.linear(torch.cat([old_h, input], dim=1), weights, bias).to(math)
-    pre_i, pre_o, pre_g = pre.chunk(3, dim=1)
-    i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
-    new_cell = old_cell.to(math) + g * i
-    new_h = torch.tanh(new_cell) * o
+    pre_i, pre_o, pre_g = gate_slices(pre)
+    new_h, new_cell, i, o = step_forward(pre_i, pre_o, pre_g, old_cell, math)
     # The layout of every kernel's `gates`: activated input and output gates,
     # the candidate's pre-activation (its derivative needs x, not elu(x)).
     dtype = input.dtype
     return new_h.to(dtype), new_cell.to(dtype), torch.cat([i, o, pre_g], dim=1).to(dtype)
+
+
+def gate_slices(pre: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The input, output and candidate columns of (..., 3S) pre-activations.
+
+    Three slices rather than a split (chunk): lowered for ExecuTorch (1.5),
+    a split of a tensor whose batch size is dynamic fixes that size (the
+    program then fails on any other), or fails to_executorch ahead of a scan.
+    """
+    state = pre.shape[-1] // 3
+    return pre[..., :state], pre[..., state : 2 * state], pre[..., 2 * state :]
+
+
+def step_forward(
+    pre_i: Tensor, pre_o: Tensor, pre_g: Tensor, old_cell: Tensor, math: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The pointwise part of one step, in the math type.
+
+    From its three pre-activations: (new_h, new_cell, input gate, output
+    gate), the gates activated.
+    """
+    i, o, g = torch.sigmoid(pre_i), torch.sigmoid(pre_o), F.elu(pre_g)
+    new_cell = old_cell.to(math) + g * i
+    new_h = torch.tanh(new_cell) * o
+    return new_h, new_cell, i, o
 
 
 def step_backward(
@@ -58,8 +83,10 @@ def step_backward(
     math: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """d_gates and the gradient of old_cell of one step, in the math type.
+
     Rows are the last-but-one dimension: any leading (batch) dimensions are
-    carried along, as the vmap rules need."""
+    carried along, as the vmap rules need.
+    """
     i, o, x = gates.to(math).chunk(3, dim=-1)
     g = F.elu(x)
     t = torch.tanh(new_cell.to(math))
@@ -103,12 +130,14 @@ def backward_math(
     weights: Tensor,
     output_mask: Sequence[bool],
 ) -> tuple[Tensor | None, ...]:
-    """lltm::backward's math, unchecked, for any leading batch dimensions
-    (rows are dimension -2; ``weights`` may carry the batch dimensions too).
+    """lltm::backward's math, unchecked, for any leading batch dimensions.
+
+    Rows are dimension -2; ``weights`` may carry the batch dimensions too.
     Plain torch ops, so differentiable to any order: lltm's autograd runs it
     where a gradient will itself be differentiated, and the vmap rules where
     one kernel call cannot serve a batch of calls (per-sample weight
-    gradients)."""
+    gradients).
+    """
     want_input, want_weights, want_bias, want_old_h, want_old_cell = output_mask
     state = old_h.shape[-1]
     math = math_type(input)
@@ -167,8 +196,11 @@ def state_and_input_rows(
     batch_sizes: Tensor | None,
     reverse: bool,
 ) -> Tensor:
-    """[h_prev, x] for every row, (rows, S + F): what each step multiplied
-    by the weights, the right-hand side of the weight gradient."""
+    """[h_prev, x] for every row, (rows, S + F).
+
+    What each step multiplied by the weights: the right-hand side of the weight
+    gradient.
+    """
     if n.packed:
         steps = step_schedule(n, batch_sizes, reverse)
         h_rows = in_step_order(previous_states(output, old_h, steps), n, n.state, input)
@@ -185,8 +217,10 @@ def state_and_input_rows(
 def previous_states(
     out_rows: Tensor, old_h: Tensor, steps: list[tuple[int, slice]]
 ) -> dict[int, Tensor]:
-    """The state each step read, keyed by the step's first row: rebuilt from
-    the output rows as the forward built it."""
+    """The state each step read, keyed by the step's first row.
+
+    Rebuilt from the output rows as the forward built it.
+    """
     h_prev: dict[int, Tensor] = {}
     h = old_h
     for size, rows in steps:
@@ -236,8 +270,11 @@ def _through_time(
     steps: list[tuple[int, slice]],
     n: Any,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Backpropagation through time: (every step's d_gates as (rows, 3S), the
-    gradients of old_h and old_cell, grad_bias in the math type)."""
+    """Backpropagation through time.
+
+    Returns every step's d_gates as (rows, 3S), the gradients of old_h and
+    old_cell, and grad_bias in the math type.
+    """
     gate_rows, cell_rows = as_rows(gates, n), as_rows(cells, n)
     grad_rows = None if grad_output is None else as_rows(grad_output, n)
     w_h = weights[:, : n.state]
@@ -315,8 +352,11 @@ def sequence_gate_grads(
     batch_sizes: Tensor | None,
     reverse: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """lltm::sequence_gate_grads in plain torch ops: (every step's gate
-    gradients, laid out like ``gates``; the gradients of old_h, old_cell)."""
+    """lltm::sequence_gate_grads in plain torch ops.
+
+    Returns every step's gate gradients, laid out like ``gates``, and the
+    gradients of old_h and old_cell.
+    """
     n = check_sequence_backward_args(
         grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
     )

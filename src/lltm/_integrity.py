@@ -25,8 +25,10 @@ from . import _native
 
 
 def _recorded(library: Path, site: Path, distribution: str) -> tuple[str, int] | None:
-    """(sha256 digest as RECORD writes it, size) of `library` in the RECORD of
-    `distribution` installed in the directory `site`, or None."""
+    """(sha256 digest as RECORD writes it, size) of ``library``, or None.
+
+    Read from the RECORD of ``distribution`` installed in the directory ``site``.
+    """
     name = distribution.replace("-", "_")
     relative = library.relative_to(site).as_posix()
     for record in site.glob(f"{name}-*.dist-info/RECORD"):
@@ -47,9 +49,11 @@ def library_file(package_dir: Path, name: str) -> Path | None:
 
 
 def damage(library: Path, package_dir: Path, distribution: str) -> str | None:
-    """How `library`, a file of the package at `package_dir`, differs from
-    what the installer of `distribution` recorded, or None (it matches, or
-    nothing recorded it)."""
+    """How ``library`` differs from what the installer of ``distribution`` recorded.
+
+    ``library`` is a file of the package at ``package_dir``. None where it
+    matches, or where nothing recorded it.
+    """
     recorded = _recorded(library, package_dir.parent, distribution)
     if recorded is None:
         return None

@@ -64,8 +64,11 @@ class Library:
         return self._function(name, ctypes.c_char_p)().decode()
 
     def reporter(self, name: str, *argtypes: Any) -> Callable[..., tuple[bool, str]]:
-        """``int <prefix>_<name>(args..., char* out, size_t size)`` as a Python
-        function of args returning (succeeded, text)."""
+        """A reporting C function as a Python function.
+
+        ``int <prefix>_<name>(args..., char* out, size_t size)`` becomes a
+        function of args returning (succeeded, text).
+        """
         function = self._function(name, ctypes.c_int, *argtypes, ctypes.c_char_p, ctypes.c_size_t)
 
         def call(*args: object) -> tuple[bool, str]:

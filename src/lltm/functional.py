@@ -13,24 +13,30 @@ def lltm_cell(
 ) -> tuple[Tensor, Tensor]:
     """One step of the LLTM cell.
 
+    Float32, float64, float16 or bfloat16 (16-bit types compute in float32),
+    all arguments of one dtype and on one device; any batch size, including 0;
+    non-contiguous tensors as they are.
+
     Args:
         input: ``(batch, input_features)``.
         weights: ``(3 * state_size, state_size + input_features)``; columns
             ``[0, state_size)`` multiply ``old_h``, the rest ``input``.
         bias: ``(3 * state_size,)``, or None for none (as in ``F.linear``).
-        old_h, old_cell: ``(batch, state_size)``.
+        old_h: the hidden state, ``(batch, state_size)``.
+        old_cell: the cell, ``(batch, state_size)``.
 
     Returns:
         ``(new_h, new_cell)``, each ``(batch, state_size)``. Differentiable with
-        respect to every argument; works under ``torch.compile``.
+        respect to every argument (gradients computed only for those that need
+        them); works under ``torch.compile``, ``torch.func`` and autocast.
+
+    Raises:
+        TypeError: an argument is not a tensor (``bias``: nor None).
+        ValueError: a shape that does not fit, an integer dtype, mixed dtypes
+            or devices; the message starts with ``lltm:`` and names the
+            argument and what was expected.
     """
-    args = (input, weights, bias, old_h, old_cell)
-    if not all(isinstance(t, Tensor) or (t is None and i == 2) for i, t in enumerate(args)):
-        # The dispatcher's own message is long and names no expected type.
-        # (Checked up front, not in an `except`: torch.compile reports errors
-        # raised inside an exception handler as graph breaks.)
-        check_forward_args(*args)  # raises a TypeError naming the argument
-    return ops.cell(*args)
+    return ops.cell(input, weights, bias, old_h, old_cell)
 
 
 def lltm_sequence(
@@ -43,8 +49,10 @@ def lltm_sequence(
 
     Args:
         input: ``(seq_len, batch, input_features)``.
-        weights, bias: as for :func:`lltm_cell`.
-        old_h, old_cell: the initial state, ``(batch, state_size)``.
+        weights: as for :func:`lltm_cell`.
+        bias: as for :func:`lltm_cell`.
+        old_h: the initial hidden state, ``(batch, state_size)``.
+        old_cell: the initial cell, ``(batch, state_size)``.
 
     Returns:
         ``(output, (h_n, c_n))``: ``output`` ``(seq_len, batch, state_size)``
@@ -52,6 +60,10 @@ def lltm_sequence(
         state. Differentiable with respect to every argument; works under
         ``torch.compile``. :class:`lltm.LLTMSequence` adds layers, directions,
         ``batch_first`` and packed sequences.
+
+    Raises:
+        TypeError: as for :func:`lltm_cell`.
+        ValueError: as for :func:`lltm_cell`.
     """
     args = (input, weights, bias, old_h, old_cell)
     if not all(isinstance(t, Tensor) or (t is None and i == 2) for i, t in enumerate(args)):

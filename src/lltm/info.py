@@ -42,8 +42,9 @@ def _newest_source(root: Path) -> Path | None:
 
 
 def provenance() -> dict[str, Any]:
-    """Where lltm and its compiled library were imported from, and whether
-    they are what the user most likely meant to run.
+    """Where lltm and its compiled library were imported from, and what is amiss.
+
+    That is, whether they are what the user most likely meant to run.
 
     Problems found: an installed distribution shadowed by another copy of
     the package earlier on sys.path (a source checkout, ``src/`` on
@@ -57,18 +58,21 @@ def provenance() -> dict[str, Any]:
     problems: list[str] = []
     dist = _installed_distribution()
     installed_dir: Path | None = None
+    installed_version = None
     mode = "source tree, not installed"
     if dist is not None:
+        installed_version = dist.version
         files = {f.as_posix(): f for f in dist.files or []}
         if "lltm/__init__.py" in files:
-            installed_dir = Path(dist.locate_file(files["lltm/__init__.py"])).resolve().parent
-            mode = f"installed: lltm {dist.version} at {installed_dir}"
+            located = dist.locate_file(files["lltm/__init__.py"])
+            installed_dir = Path(str(located)).resolve().parent
+            mode = f"installed: lltm {installed_version} at {installed_dir}"
         else:
-            mode = f"editable install of lltm {dist.version}"
+            mode = f"editable install of lltm {installed_version}"
     if installed_dir is not None and installed_dir != PACKAGE_DIR:
         problems.append(
             f"lltm is imported from {PACKAGE_DIR}, which shadows the installed lltm "
-            f"{dist.version} at {installed_dir} (a source tree earlier on sys.path, e.g. src/ on "
+            f"{installed_version} at {installed_dir} (a source tree earlier on sys.path, e.g. src/ on "
             "PYTHONPATH or the current directory): run from elsewhere, or unset PYTHONPATH"
         )
     if built_from is None:
@@ -99,8 +103,10 @@ def provenance() -> dict[str, Any]:
 
 
 def _cpu_isa() -> tuple[str | None, str | None]:
-    """(instruction set of the CPU kernels, None) or (None, why there is none):
-    an invalid LLTM_CPU_ISA is reported here, not raised."""
+    """(instruction set of the CPU kernels, None) or (None, why there is none).
+
+    An invalid LLTM_CPU_ISA is reported here, not raised.
+    """
     try:
         return _C.cpu_isa(), None
     except ValueError as error:
@@ -108,6 +114,7 @@ def _cpu_isa() -> tuple[str | None, str | None]:
 
 
 def collect() -> dict[str, Any]:
+    """Everything ``lltm info`` reports, as a dict (what ``--json`` prints)."""
     cuda_ok, cuda_why = _backends.cuda_status()
     cpu_isa, cpu_isa_error = _cpu_isa()
     devices = {
@@ -143,6 +150,7 @@ def collect() -> dict[str, Any]:
 
 
 def render(info: dict[str, Any]) -> str:
+    """``info`` (from :func:`collect`) as the lines ``lltm info`` prints."""
     rows = [
         ("lltm", info["lltm"]),
         ("package", f"{info['package']} ({info['install']})"),
@@ -174,10 +182,16 @@ def render(info: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``lltm info``."""
+    p = argparse.ArgumentParser(prog="lltm info", description=__doc__)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lltm info", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    args = parser.parse_args(argv)
+    """Runs ``lltm info`` with ``argv``; returns the exit status."""
+    args = parser().parse_args(argv)
     info = collect()
     print(json.dumps(info, indent=2) if args.json else render(info))
     return 0

@@ -1,11 +1,14 @@
-"""The modules: ``lltm.LLTM`` (one step, the tutorial's module) and
-``lltm.LLTMSequence`` (whole sequences, in the style of ``torch.nn.LSTM``)."""
+"""The modules: ``lltm.LLTM`` and ``lltm.LLTMSequence``.
+
+``lltm.LLTM`` is one step, the tutorial's module; ``lltm.LLTMSequence`` runs
+whole sequences, in the style of ``torch.nn.LSTM``.
+"""
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import NoReturn
+from typing import NoReturn, overload
 
 import torch
 import torch.nn.functional as F
@@ -13,25 +16,48 @@ from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops, reference
-from .functional import lltm_cell
 
 
 class LLTM(reference.LLTM):
     """The LLTM cell as an ``nn.Module``, running the fused operator.
 
     It is the tutorial's module (:class:`lltm.reference.LLTM`) with its
-    constructor, parameters (``weights``: ``(3 * state_size, input_features +
-    state_size)``, ``bias``: ``(3 * state_size,)``), initialisation and call
-    convention, so its state_dicts load unchanged; only ``forward`` differs::
+    constructor, parameters, initialisation and call convention, so its
+    state_dicts load unchanged; only ``forward`` differs::
 
         new_h, new_cell = rnn(input, (old_h, old_cell))
+
+    Args:
+        input_features: features of each input.
+        state_size: features of the hidden state and of the cell.
+        device: where the parameters are made, as for every torch module.
+        dtype: the parameters' type, as for every torch module.
+
+    Attributes:
+        weights: ``(3 * state_size, state_size + input_features)``, the
+            input gate's, output gate's and candidate's rows in that order;
+            columns ``[0, state_size)`` multiply ``old_h``, the rest ``input``.
+        bias: ``(3 * state_size,)``.
     """
 
     def forward(self, input: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """One step: ``(new_h, new_cell)`` from ``input`` and ``state = (old_h, old_cell)``."""
         old_h, old_cell = state
-        return lltm_cell(input, self.weights, self.bias, old_h, old_cell)
+        # nn.Module finds a parameter in __getattr__, once Python's own lookup
+        # has failed with an exception; reading the dict the parameter lives
+        # in costs a fraction of that, on every step. A parametrization,
+        # pruning or weight_norm takes it out of that dict, and the attribute
+        # is then read as usual.
+        parameters = self._parameters
+        weights = parameters.get("weights")
+        if weights is not None and "bias" in parameters:
+            bias = parameters["bias"]
+        else:
+            weights, bias = self.weights, self.bias
+        return ops.cell(input, weights, bias, old_h, old_cell)
 
     def extra_repr(self) -> str:
+        """The sizes, shown in the module's repr."""
         return f"input_features={self.input_features}, state_size={self.state_size}"
 
     def __prepare_scriptable__(self) -> torch.nn.Module:
@@ -49,43 +75,61 @@ def _refuse_scripting(module: str) -> NoReturn:
     )
 
 
-def _fail(message: str) -> None:
+def _refuse_packed_export() -> NoReturn:
+    # The number of sequences each step updates is data (batch_sizes), and an
+    # exported graph cannot follow it: torch.export would fail deep inside
+    # the module on a data-dependent guard, as it does for nn.LSTM.
+    raise ValueError(
+        "lltm: LLTMSequence cannot be exported (torch.export, ONNX, ExecuTorch) with a "
+        "PackedSequence input: how many sequences each step updates is data, which an "
+        "exported graph cannot follow. Export the model on the padded batch "
+        "(torch.nn.utils.rnn.pad_packed_sequence) instead: in the forward direction each "
+        "sequence's outputs up to its length are the same, and its last state is "
+        "output[length - 1]"
+    )
+
+
+def _fail(message: str) -> NoReturn:
     raise ValueError(f"lltm: LLTMSequence {message}")
 
 
 class LLTMSequence(torch.nn.Module):
-    """The LLTM over whole sequences, with ``torch.nn.LSTM``'s conventions::
+    """The LLTM over whole sequences, with ``torch.nn.LSTM``'s conventions.
+
+    Each layer and direction is one operator call for the whole sequence
+    (:func:`lltm.lltm_sequence`), the recurrence and backpropagation through
+    time running in C++ (or CUDA)::
 
         seq = lltm.LLTMSequence(input_features, state_size)
-        output, (h_n, c_n) = seq(input, (h_0, c_0))   # the state is optional
+        output, (h_n, c_n) = seq(input, (h_0, c_0))  # the state is optional
 
-    The constructor takes ``nn.LSTM``'s arguments in ``nn.LSTM``'s order
-    (``input_size`` and ``hidden_size`` are called ``input_features`` and
-    ``state_size`` here, as in the tutorial's cell):
+    The constructor takes ``nn.LSTM``'s arguments in ``nn.LSTM``'s order.
+    ``input_size`` and ``hidden_size`` are called ``input_features`` and
+    ``state_size`` here, as in the tutorial's cell; ``nn.LSTM``'s names are
+    read-only properties.
 
-    * ``num_layers``: stacked layers; layer ``k > 0`` reads the previous
-      layer's output, ``directions * state_size`` features.
-    * ``bias``: ``False`` gives no bias parameters, and the kernels add none.
-    * ``batch_first``: ``input`` and ``output`` are ``(batch, seq_len, ...)``.
-    * ``dropout``: dropout on the output of every layer but the last, in
-      training mode only, as ``nn.LSTM`` applies it.
-    * ``bidirectional``: a second direction per layer, run from the last step
-      to the first; outputs are concatenated.
-    * ``proj_size``: only 0. The LLTM's output is its hidden state; it has no
-      projection, and any other value is an error.
-    * ``device``, ``dtype``: where and in which type the parameters are made.
+    Args:
+        input_features: features of each step's input.
+        state_size: features of the hidden state and of the cell.
+        num_layers: stacked layers; layer ``k > 0`` reads the previous
+            layer's output, ``directions * state_size`` features.
+        bias: ``False`` gives no bias parameters, and the kernels add none.
+        batch_first: ``input`` and ``output`` are ``(batch, seq_len, ...)``.
+        dropout: dropout on the output of every layer but the last, in
+            training mode only, as ``nn.LSTM`` applies it.
+        bidirectional: a second direction per layer, run from the last step
+            to the first; outputs are concatenated.
+        proj_size: only 0. The LLTM's output is its hidden state; it has no
+            projection, and any other value is an error.
+        device: where the parameters are made.
+        dtype: the parameters' type.
 
-    ``input`` is ``(seq_len, batch, input_features)`` (``(batch, seq_len,
-    input_features)`` with ``batch_first=True``), ``(seq_len,
-    input_features)`` for one unbatched sequence, or a ``PackedSequence`` of
-    sequences of different lengths, sorted or not; ``output`` is laid out
-    alike, with ``directions * state_size`` features. ``h_0``, ``c_0``,
-    ``h_n`` and ``c_n`` are ``(num_layers * directions, batch, state_size)``;
-    for packed input, ``h_n`` and ``c_n`` hold each sequence's last valid
-    step. Each layer and direction is one operator call for the whole
-    sequence (:func:`lltm.lltm_sequence`).
+    Raises:
+        ValueError: ``input_features``, ``state_size`` or ``num_layers`` is
+            not an integer of the allowed range, ``dropout`` is not in
+            ``[0, 1]``, or ``proj_size`` is not 0.
 
-    Parameters: with one layer and one direction exactly :class:`lltm.LLTM`'s
+    The parameters: with one layer and one direction exactly :class:`lltm.LLTM`'s
     (``weights``, ``bias``, same shapes and initialisation), so state_dicts
     move between the cell and this module unchanged. Otherwise one pair per
     layer ``k`` and direction, named as ``nn.LSTM`` names them:
@@ -146,32 +190,39 @@ class LLTMSequence(torch.nn.Module):
         # order of the state's first dimension.
         self._parameter_names: list[tuple[str, str]] = []
         plain = num_layers == 1 and self.directions == 1
-        factory = {"device": device, "dtype": dtype}
         for layer in range(num_layers):
             features = input_features if layer == 0 else self.directions * state_size
             for direction in range(self.directions):
                 suffix = "" if plain else f"_l{layer}" + ("_reverse" if direction else "")
                 names = (f"weights{suffix}", f"bias{suffix}")
-                weights = torch.empty(3 * state_size, features + state_size, **factory)
+                weights = torch.empty(
+                    3 * state_size, features + state_size, device=device, dtype=dtype
+                )
                 self.register_parameter(names[0], torch.nn.Parameter(weights))
-                bias_parameter = torch.nn.Parameter(torch.empty(3 * state_size, **factory))
+                bias_parameter = torch.nn.Parameter(
+                    torch.empty(3 * state_size, device=device, dtype=dtype)
+                )
                 self.register_parameter(names[1], bias_parameter if bias else None)
                 self._parameter_names.append(names)
         self.reset_parameters()
 
     @property
     def has_bias(self) -> bool:
-        """Whether the layers have bias parameters (``bias=True``). The
-        attribute ``bias`` is the bias parameter itself, as in ``lltm.LLTM``."""
+        """Whether the layers have bias parameters (``bias=True``).
+
+        The attribute ``bias`` is the bias parameter itself, as in ``lltm.LLTM``.
+        """
         return getattr(self, self._parameter_names[0][1]) is not None
 
     # nn.LSTM's names for the two sizes, for code written against nn.LSTM.
     @property
     def input_size(self) -> int:
+        """``input_features`` under ``nn.LSTM``'s name."""
         return self.input_features
 
     @property
     def hidden_size(self) -> int:
+        """``state_size`` under ``nn.LSTM``'s name."""
         return self.state_size
 
     def flatten_parameters(self) -> None:
@@ -179,7 +230,8 @@ class LLTMSequence(torch.nn.Module):
 
         ``nn.LSTM`` copies its parameters into one contiguous buffer for
         cuDNN; lltm's kernels read each layer's ``weights`` and ``bias`` where
-        they are, so there is nothing to flatten."""
+        they are, so there is nothing to flatten.
+        """
 
     def __prepare_scriptable__(self) -> torch.nn.Module:
         _refuse_scripting(type(self).__name__)
@@ -190,12 +242,46 @@ class LLTMSequence(torch.nn.Module):
         for weight in self.parameters():
             weight.data.uniform_(-stdv, +stdv)
 
+    @overload
+    def forward(
+        self, input: Tensor, state: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]: ...
+    @overload
+    def forward(
+        self, input: PackedSequence, state: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[PackedSequence, tuple[Tensor, Tensor]]: ...
     def forward(
         self, input: Tensor | PackedSequence, state: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
+        """Runs every layer and direction over ``input``.
+
+        Args:
+            input: ``(seq_len, batch, input_features)``, or ``(batch, seq_len,
+                input_features)`` with ``batch_first=True``; ``(seq_len,
+                input_features)`` for one unbatched sequence; or a
+                ``PackedSequence`` of sequences of different lengths, sorted
+                or not.
+            state: ``(h_0, c_0)``, each ``(num_layers * directions, batch,
+                state_size)`` (``(num_layers * directions, state_size)`` for
+                an unbatched sequence); zeros when None.
+
+        Returns:
+            ``(output, (h_n, c_n))``: ``output`` laid out like ``input`` (a
+            ``PackedSequence`` for packed input) with ``directions *
+            state_size`` features; ``h_n`` and ``c_n`` shaped like ``h_0``,
+            holding each sequence's last valid step.
+
+        Raises:
+            TypeError: ``input`` is not a tensor or a ``PackedSequence``, or
+                ``state`` is not a pair of tensors.
+            ValueError: a shape, dtype or device that does not fit; the
+                message starts with ``lltm:`` and names the argument.
+        """
         packed = isinstance(input, PackedSequence)
         batched = True
         if packed:
+            if torch.compiler.is_exporting():
+                _refuse_packed_export()
             data, batch_sizes, sorted_indices, unsorted_indices = input
             batch = int(batch_sizes[0]) if batch_sizes.numel() else 0
         else:
@@ -268,8 +354,10 @@ class LLTMSequence(torch.nn.Module):
         batched: bool,
         sorted_indices: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
-        """(h_0, c_0) as (num_layers * directions, batch, state_size), in the
-        order of the (sorted) batch."""
+        """(h_0, c_0) as (num_layers * directions, batch, state_size).
+
+        In the order of the (sorted) batch.
+        """
         shape = (self.num_layers * self.directions, batch, self.state_size)
         if state is None:
             zeros = data.new_zeros(shape)
@@ -298,6 +386,7 @@ class LLTMSequence(torch.nn.Module):
         return h_0, c_0
 
     def extra_repr(self) -> str:
+        """The configuration, shown in the module's repr."""
         extra = f"input_features={self.input_features}, state_size={self.state_size}"
         if self.num_layers != 1:
             extra += f", num_layers={self.num_layers}"

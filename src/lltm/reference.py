@@ -15,7 +15,7 @@ from torch import Tensor
 
 
 def lltm_cell(
-    input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor]:
     """One LLTM step; returns ``(new_h, new_cell)``."""
     X = torch.cat([old_h, input], dim=1)
@@ -39,8 +39,11 @@ def example_inputs(
     requires_grad: bool = False,
     seed: int = 0,
 ) -> list[Tensor]:
-    """Random ``[input, weights, bias, old_h, old_cell]`` for one step, from a
-    seeded generator: the arguments of :func:`lltm_cell` in order."""
+    """Random ``[input, weights, bias, old_h, old_cell]`` for one step, seeded.
+
+    The arguments of :func:`lltm_cell` in order, from a generator seeded with
+    ``seed``.
+    """
     generator = torch.Generator().manual_seed(seed)
     shapes = [
         (batch, features),
@@ -76,20 +79,21 @@ class LLTM(torch.nn.Module):
         super().__init__()
         self.input_features = input_features
         self.state_size = state_size
-        factory = {"device": device, "dtype": dtype}
         # 3 * state_size for input gate, output gate and candidate cell gate.
         # input_features + state_size because we will multiply with [input, h].
         self.weights = torch.nn.Parameter(
-            torch.empty(3 * state_size, input_features + state_size, **factory)
+            torch.empty(3 * state_size, input_features + state_size, device=device, dtype=dtype)
         )
-        self.bias = torch.nn.Parameter(torch.empty(3 * state_size, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(3 * state_size, device=device, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """The tutorial's initialisation: uniform in +-1/sqrt(state_size)."""
         stdv = 1.0 / math.sqrt(self.state_size)
         for weight in self.parameters():
             weight.data.uniform_(-stdv, +stdv)
 
     def forward(self, input: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """One step: ``(new_h, new_cell)`` from ``input`` and ``state = (old_h, old_cell)``."""
         old_h, old_cell = state
         return lltm_cell(input, self.weights, self.bias, old_h, old_cell)

@@ -1,9 +1,9 @@
-"""The CUDA plugin's library, loaded: importing this module registers lltm's
-CUDA kernels with torch (for the op schemas lltm._C declares).
+"""The CUDA plugin's library, loaded.
 
-The library is ``lib/lltm_cuda.so`` beside this module, a plain shared library
-with no CPython API (see lltm/_native.py); this module holds what it says of
-itself, and its probe of a GPU.
+Importing this module registers lltm's CUDA kernels with torch (for the op
+schemas lltm._C declares). The library is ``lib/lltm_cuda.so`` beside this
+module, a plain shared library with no CPython API (see lltm/_native.py); this
+module holds what it says of itself, and its probe of a GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ cuda_archs: str = _library.cuda_archs
 
 
 def kernel_image_problem(device: int) -> str:
-    """ "" when the kernels can run on CUDA device `device`, else why not.
-    RuntimeError where that cannot be told now. Creates that device's context."""
+    """Why the kernels cannot run on CUDA device ``device``, or "" when they can.
+
+    RuntimeError where that cannot be told now. Creates that device's context.
+    """
     return _library.kernel_image_problem(device)

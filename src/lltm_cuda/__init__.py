@@ -2,8 +2,8 @@
 
 There is nothing to call here: ``import lltm`` imports this package when it
 matches torch's CUDA version, and importing it registers fused CUDA kernels
-for ``torch.ops.lltm.forward`` / ``torch.ops.lltm.backward``. ``python -m
-lltm info`` tells whether they are active.
+for every ``torch.ops.lltm.*`` operator. ``python -m lltm info`` tells whether
+they are active.
 """
 
 from __future__ import annotations

@@ -54,6 +54,17 @@ the mean squared error of its output against a random target:
                   state), which vmap can only run one sample at a time
   lstm-loop       the loop of lltm-loop over torch.nn.LSTM
 
+Per-call overhead (--overhead): one cell step at the smallest size, batch 1,
+2 features, state 2 (unless -b, -f, -s or --sizes say otherwise), where the
+kernels have next to nothing to do and the time is what every call costs
+around them (Python, the dispatcher, autograd's nodes and engine). Phases:
+no_grad, the forward under torch.no_grad() (inference), and step; against
+the reference and nn.LSTMCell:
+
+  reference       the tutorial's pure-PyTorch LLTM: the baseline
+  lltm            lltm.LLTM
+  lstmcell        torch.nn.LSTMCell(features, state)
+
 Configuration: as in the tutorial's benchmark, the inputs come from
 torch.randn and only the parameters require grad. With --inputs-grad the
 inputs require grad too (input, h and c; input, h_0 and c_0), as in a
@@ -69,7 +80,17 @@ torch.utils.benchmark (warm-up, GPU synchronisation); the implementations take t
 machine noise hits them alike. The table gives min / median over blocks, and
 speed-ups of medians against the baseline; for sequences also against
 nn.LSTM (its median over ours: above 1 is faster than nn.LSTM), for per-sample
-gradients against nn.LSTM under vmap.
+gradients against nn.LSTM under vmap, for the per-call overhead against
+nn.LSTMCell (1 / that speed-up is the time as a fraction of nn.LSTMCell's).
+
+Distance to the limit (sequences): the step's rate in GFLOP/s of the matrix
+products an LLTM sequence needs (the gemm row's products, 2 operations per
+multiply-add; the pointwise work is not counted) at its median time, for
+each LLTM implementation, and in parentheses that rate as a fraction of a
+large GEMM's (torch.mm of two 1024 x 1024 matrices on the CPU, 4096 on a
+GPU, in the run's dtype), which takes its turn in every round of the same
+run: the title gives its median rate. nn.LSTM's row has none (its four gates
+need other products).
 
 Memory (cells and sequences): bytes of the distinct storages that one
 forward's autograd graph keeps for backward
@@ -82,14 +103,17 @@ matplotlib for --plot.
 
 from __future__ import annotations
 
-from .cases import CELL, KINDS, PER_SAMPLE, PHASES, SEQUENCE, Case, Kind, Size, make_case
+from .cases import Case, make_case
 from .cli import main, parser, run
+from .kinds import CELL, KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, PHASES, SEQUENCE, Kind, Size
 from .report import from_json, to_json
 from .timing import Result, measure
 
 __all__ = [
     "CELL",
     "KINDS",
+    "NO_GRAD",
+    "OVERHEAD",
     "PER_SAMPLE",
     "PHASES",
     "SEQUENCE",

@@ -7,7 +7,10 @@ Three kinds of case share everything but how they are built:
 * per-sample: the gradients of the parameters for each of ``batch`` samples
   (one sequence each) apart, as differentially private training and
   per-example gradient statistics need them. Only the ``step`` phase: there
-  is no forward to time apart from the backward.
+  is no forward to time apart from the backward;
+* overhead: one cell step at the smallest size, where the kernels do almost
+  nothing and what is timed is what every call costs around them: the
+  forward under ``torch.no_grad()`` (phase ``no_grad``) and the step.
 
 Every LLTM implementation of a case gets the same weights (those of one
 :class:`lltm.reference.LLTM`) and the same inputs. Which tensors require grad
@@ -22,118 +25,54 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from .. import reference
 from ..module import LLTM, LLTMSequence
-
-PHASES = ("forward", "backward", "step")
-
-# --sweep: (batch, features, state) from below the tutorial's size to a large layer.
-SWEEP = (
-    (4, 32, 64),
-    (16, 32, 128),
-    (32, 64, 256),
-    (64, 128, 512),
-    (128, 256, 1024),
-    (256, 1024, 1024),
+from .kinds import (
+    PER_SAMPLE,
+    Kind,
+    Size,
+    kind_of,
 )
-
-
-@dataclass(frozen=True)
-class Size:
-    """batch x features x state, and for a sequence its length (None: one cell step)."""
-
-    batch: int
-    features: int
-    state: int
-    seq_len: int | None = None
-
-    def __str__(self) -> str:
-        return f"{self.batch}x{self.features}x{self.state}"
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A kind of case: its implementations and what they are compared with."""
-
-    name: str
-    implementations: tuple[str, ...]
-    defaults: tuple[str, ...]
-    baseline: str
-    """Speed-ups are against this implementation; it always runs."""
-    rival: str | None = None
-    """A second comparison column (the stock torch module), if any."""
-    phases: tuple[str, ...] = PHASES
-    """The phases timed, a subset of PHASES in its order."""
-    saved_memory: bool = True
-    """Whether the bytes one forward saves for backward are measured."""
-    sequences: bool = True
-    """Whether a case runs whole sequences (its sizes have a seq_len)."""
-
-
-CELL = Kind(
-    "cell",
-    implementations=("reference", "compiled", "lltm", "lstmcell", "gemm"),
-    defaults=("reference", "compiled", "lltm", "lstmcell"),
-    baseline="reference",
-    sequences=False,
-)
-SEQUENCE = Kind(
-    "sequence",
-    implementations=("reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"),
-    defaults=("reference-loop", "lltm-loop", "lltm-sequence", "lstm"),
-    baseline="reference-loop",
-    rival="lstm",
-)
-PER_SAMPLE = Kind(
-    "per-sample",
-    implementations=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap", "lstm-loop"),
-    defaults=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"),
-    baseline="lltm-loop",
-    rival="lstm-vmap",
-    # Per-sample gradients are one computation: the forward is not kept.
-    phases=("step",),
-    saved_memory=False,
-)
-KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE)}
-
-# --per-sample without -b or --seq-len: 32 samples of 50 steps.
-PER_SAMPLE_BATCH = 32
-PER_SAMPLE_SEQ_LEN = 50
-
-
-def kind_of(size: Size) -> Kind:
-    """The kind a size implies when none is named: a cell step or a sequence."""
-    return CELL if size.seq_len is None else SEQUENCE
-
 
 # --- The phases ------------------------------------------------------------------
 
 
 class Case:
-    """One implementation at one size: ``forward``, ``backward`` and ``step``
-    (those of its kind's phases that it times)."""
+    """One implementation at one size.
+
+    It has ``forward``, ``backward`` and ``step``: those of its kind's phases
+    that it times.
+    """
 
     def __init__(self, impl: str) -> None:
         self.impl = impl
 
     def forward(self) -> Any:
+        """One forward pass."""
         raise NotImplementedError
 
     def backward(self) -> Any:
+        """One backward pass, of a graph the forward left."""
         raise NotImplementedError
 
     def step(self) -> Any:
+        """One training step: forward and backward."""
+        raise NotImplementedError
+
+    def no_grad(self) -> Any:
+        """One forward pass under ``torch.no_grad()``."""
         raise NotImplementedError
 
     def phase(self, name: str) -> Callable[[], Any]:
-        return getattr(self, name)
+        """The method that runs phase ``name`` (forward, backward or step)."""
+        method: Callable[[], Any] = getattr(self, name)
+        return method
 
     def saved_for_backward(self) -> tuple[int, int] | None:
         """Bytes one forward keeps for backward (see AutogradCase), or None."""
@@ -161,24 +100,34 @@ class AutogradCase(Case):
         self._ones: tuple[Tensor, ...] | None = None
 
     def forward(self) -> Any:
+        """Calls the module."""
         return self.call()
 
+    def no_grad(self) -> Any:
+        """Calls the module under ``torch.no_grad()``."""
+        with torch.no_grad():
+            return self.call()
+
     def backward(self) -> Any:
+        """Gradients of the leaves, from one graph kept for every backward block."""
         if self._graph is None:  # one graph, kept for every backward block
             self._graph = tuple(self.call())
             self._ones = tuple(torch.ones_like(t) for t in self._graph)
         return torch.autograd.grad(self._graph, self.leaves, self._ones, retain_graph=True)
 
     def step(self) -> Any:
+        """Calls the module and differentiates its outputs' sum."""
         outputs = tuple(self.call())
         if self._ones is None:
             self._ones = tuple(torch.ones_like(t) for t in outputs)
         return torch.autograd.grad(outputs, self.leaves, self._ones)
 
     def saved_for_backward(self) -> tuple[int, int]:
-        """Bytes of the distinct storages one forward saves for backward: in
-        all, and beyond those of the inputs and parameters (what the graph
-        alone keeps alive)."""
+        """Bytes of the distinct storages one forward saves for backward.
+
+        In all, and beyond those of the inputs and parameters (what the graph
+        alone keeps alive).
+        """
         storages: dict[int, int] = {}
 
         def pack(t: Tensor) -> Tensor:
@@ -194,9 +143,11 @@ class AutogradCase(Case):
 
 
 class GemmCase(Case):
-    """Not an implementation: the matrix products one forward and one backward
-    cannot avoid, on random operands of the right shapes (their values do not
-    matter, as long as they are not denormal)."""
+    """Not an implementation: the matrix products a forward and backward cannot avoid.
+
+    On random operands of the right shapes (their values do not matter, as long
+    as they are not denormal).
+    """
 
     def __init__(
         self,
@@ -207,12 +158,15 @@ class GemmCase(Case):
         self._forward, self._backward = list(forward), list(backward)
 
     def forward(self) -> Any:
+        """The products of the forward."""
         return [product() for product in self._forward]
 
     def backward(self) -> Any:
+        """The products of the backward."""
         return [product() for product in self._backward]
 
     def step(self) -> Any:
+        """The products of both."""
         return self.forward(), self.backward()
 
 
@@ -240,9 +194,11 @@ class PerSampleCase(Case):
         self.module, self.samples = module, samples
 
     def step(self) -> Any:
+        """Computes the per-sample gradients."""
         return self._step()
 
     def gradients(self) -> dict[str, Tensor]:
+        """Parameter name -> the step's gradients, in one layout (outside what is timed)."""
         names = [name for name, _ in self.module.named_parameters()]
         return dict(zip(names, self._collect(self._step()), strict=True))
 
@@ -260,8 +216,10 @@ def make_case(
     seed: int = 0,
     kind: Kind | None = None,
 ) -> Case:
-    """``impl`` at ``size``: of ``kind``, by default a cell step, or a
-    sequence when ``size.seq_len`` is set."""
+    """``impl`` at ``size``, of ``kind``.
+
+    By default a cell step, or a sequence when ``size.seq_len`` is set.
+    """
     kind = kind or kind_of(size)
     if impl not in kind.implementations:
         raise ValueError(f"no {kind.name} implementation {impl!r}")
@@ -301,7 +259,8 @@ def _cell_module(impl: str, ref: reference.LLTM) -> torch.nn.Module:
         # One static graph per size: after a shape change, automatic dynamic
         # shapes make AOTAutograd donate buffers, which forbids the retained
         # graph that the backward phase is timed on.
-        return torch.compile(copy.deepcopy(ref), dynamic=False)
+        # (Compiling a module gives a module: typed as any callable.)
+        return cast(torch.nn.Module, torch.compile(copy.deepcopy(ref), dynamic=False))
     if impl == "lltm":
         return _like(LLTM(f, s), ref)
     assert impl == "lstmcell"
@@ -333,10 +292,12 @@ def _sequence_module(impl: str, ref: reference.LLTM) -> tuple[torch.nn.Module, S
 def _per_sample_case(
     impl: str, ref: reference.LLTM, size: Size, tensor: Callable[..., Tensor]
 ) -> PerSampleCase:
-    """Samples of one sequence each, ``(seq_len, features)``, stacked along
-    dimension 0 as a data loader gives them; the loss of a sample is the mean
-    squared error of its output against a random target, the initial state
-    the module's default (zeros)."""
+    """Samples of one sequence each, ``(seq_len, features)``.
+
+    Stacked along dimension 0 as a data loader gives them; the loss of a sample
+    is the mean squared error of its output against a random target, the
+    initial state the module's default (zeros).
+    """
     b, t, f, s = size.batch, size.seq_len or 0, size.features, size.state
     x, target = tensor(b, t, f), tensor(b, t, s)
     ours = impl.startswith("lltm")
@@ -380,7 +341,8 @@ def _per_sample_case(
         # once per sample, with a warning that says so.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
-            return per_sample(shared, x, target)
+            grads: dict[str, Tensor] = per_sample(shared, x, target)
+            return grads
 
     return case(fallback, dict.values)
 
@@ -415,9 +377,11 @@ MakeTensor = Callable[..., Tensor]
 
 
 def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:
-    """One step: forward ``[old_h, input] @ W^T``; backward the weight gradient
-    ``d_gates^T @ [old_h, input]`` and, when the inputs need gradients,
-    ``d_gates @ W``."""
+    """The products of one step.
+
+    Forward ``[old_h, input] @ W^T``; backward the weight gradient ``d_gates^T
+    @ [old_h, input]`` and, when the inputs need gradients, ``d_gates @ W``.
+    """
     b, f, s = size.batch, size.features, size.state
     x, d_gates = tensor(b, s + f), tensor(b, 3 * s)
     backward = [lambda: torch.mm(d_gates.t(), x)]
@@ -427,9 +391,10 @@ def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTenso
 
 
 def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:
-    """``seq_len`` steps, with the input projection of all steps batched (as a
-    fused implementation can) and the recurrent products one step at a time
-    (as any implementation must).
+    """The products of ``seq_len`` steps.
+
+    The input projection of all steps batched (as a fused implementation can)
+    and the recurrent products one step at a time (as any implementation must).
 
     Forward: the input projection ``(T*B, F) x (F, 3S)`` and T recurrent
     products ``(B, S) x (S, 3S)``. Backward: the recurrent products ``(B, 3S)
@@ -445,7 +410,11 @@ def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeT
     d_steps = d_gates.split(b)
     forward = [lambda: torch.mm(xs[:, s:], w_x.t())]
     forward += [lambda: torch.mm(h, w_h.t())] * t
-    backward = [lambda d=d: torch.mm(d, w_h) for d in d_steps[: t if inputs_grad else t - 1]]
+
+    def carry_back(d: Tensor) -> Callable[[], Tensor]:
+        return lambda: torch.mm(d, w_h)
+
+    backward = [carry_back(d) for d in d_steps[: t if inputs_grad else t - 1]]
     backward.append(lambda: torch.mm(d_gates.t(), xs))
     if inputs_grad:
         backward.append(lambda: torch.mm(d_gates, w_x))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import platform
+import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -12,8 +13,11 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from . import cases, report, timing
-from .cases import CELL, PER_SAMPLE, SEQUENCE, Kind, Size
+from . import cases, flops, kinds, report, timing
+from .kinds import CELL, OVERHEAD, PER_SAMPLE, SEQUENCE, Kind, Size
+
+# The name under which the large GEMM is timed (never an implementation's).
+LARGE_GEMM = "large-gemm"
 
 DTYPES = {
     "float32": torch.float32,
@@ -27,6 +31,7 @@ DTYPES = {
 
 
 def pick_device(name: str) -> torch.device:
+    """The device ``--device`` names; ``auto`` is CUDA where lltm's CUDA kernels are active."""
     from .. import _backends
 
     if name == "auto":
@@ -68,15 +73,17 @@ def sizes_of(args: argparse.Namespace) -> list[Size]:
     if args.sizes:
         shapes = [(s.batch, s.features, s.state) for s in args.sizes]
     elif args.sweep:
-        shapes = list(cases.SWEEP)
+        shapes = list(kinds.SWEEP)
     else:
         shapes = [(args.batch_size, args.features, args.state_size)]
     return [Size(*shape, seq_len) for shape in shapes for seq_len in args.seq_len or [None]]
 
 
 def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
-    """Measures every implementation of ``args.impl`` at every size; an
-    implementation that fails is reported as such, not fatal."""
+    """Measures every implementation of ``args.impl`` at every size.
+
+    An implementation that fails is reported as such, not fatal.
+    """
     device = pick_device("cuda" if args.cuda else args.device)
     dtype = torch.float64 if args.double else DTYPES[args.dtype]
     threads = args.threads or torch.get_num_threads()
@@ -86,6 +93,12 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     impls = list(dict.fromkeys([kind.baseline, *args.impl]))  # speed-ups are against it
     blocks_per_impl = len(kind.phases) * args.runs
     results: list[timing.Result] = []
+    # The large GEMM the products' GFLOP/s are compared with, taking its turn
+    # in every round at every size: its blocks over the whole run.
+    gemm_fn, gemm_n, gemm_flops = (
+        flops.large_gemm(device, dtype) if kind.counts_flops else (None, 0, 0)
+    )
+    gemm_times: list[float] = []
     with timing.progress(
         len(sizes) * len(impls) * blocks_per_impl, len(sizes) > 1 and not args.quiet
     ) as start:
@@ -112,13 +125,20 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     results.append(timing.Result(size, impl, error=message))
                     for _ in range(blocks_per_impl):
                         advance()
+            extra = {LARGE_GEMM: gemm_fn} if gemm_fn is not None and ready else None
             times = timing.measure(
-                ready, args.runs, threads, args.block_seconds, advance, phases=kind.phases
+                ready, args.runs, threads, args.block_seconds, advance, kind.phases, extra
             )
+            gemm_times += times.get(LARGE_GEMM, {}).get("step", [])
             for case in ready:
-                result = timing.Result(size, case.impl, times=times[case.impl])
+                result = timing.Result(
+                    size,
+                    case.impl,
+                    times=times[case.impl],
+                    flops=flops.flops_of(kind, case.impl, size, args.inputs_grad),
+                )
                 with contextlib.suppress(Exception):
-                    saved = case.saved_for_backward()
+                    saved = case.saved_for_backward() if kind.saved_memory else None
                     if saved is not None:
                         result.saved_bytes, result.saved_beyond_inputs_bytes = saved
                 results.append(result)
@@ -129,6 +149,12 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     env["case"] = kind.name
     env["inputs_grad"] = args.inputs_grad
     env["seq_len"] = args.seq_len
+    if gemm_times:
+        env["large_gemm"] = {
+            "n": gemm_n,
+            "gflops": gemm_flops / statistics.median(gemm_times) / 1e9,
+            "blocks": len(gemm_times),
+        }
     return results, env
 
 
@@ -136,8 +162,11 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
 
 
 def kind_of_args(args: argparse.Namespace) -> Kind:
+    """What the arguments time: per-sample gradients, sequences or cell steps."""
     if args.per_sample:
         return PER_SAMPLE
+    if args.overhead:
+        return OVERHEAD
     return SEQUENCE if args.seq_len else CELL
 
 
@@ -185,6 +214,7 @@ def _choices(kind: Kind) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of ``lltm bench``."""
     from . import __doc__ as description
 
     p = argparse.ArgumentParser(
@@ -197,14 +227,22 @@ def parser() -> argparse.ArgumentParser:
         "-b",
         "--batch-size",
         type=int,
-        help=f"default 16; with --per-sample the number of samples, default {cases.PER_SAMPLE_BATCH}",
+        help=f"default 16; with --per-sample the number of samples, default {kinds.PER_SAMPLE_BATCH}; "
+        f"with --overhead {kinds.OVERHEAD_SIZE[0]}",
     )
-    size.add_argument("-f", "--features", type=int, default=32)
-    size.add_argument("-s", "--state-size", type=int, default=128)
+    size.add_argument(
+        "-f", "--features", type=int, help=f"default 32; with --overhead {kinds.OVERHEAD_SIZE[1]}"
+    )
+    size.add_argument(
+        "-s",
+        "--state-size",
+        type=int,
+        help=f"default 128; with --overhead {kinds.OVERHEAD_SIZE[2]}",
+    )
     size.add_argument(
         "--sweep",
         action="store_true",
-        help="instead, the sizes " + ", ".join(str(Size(*s)) for s in cases.SWEEP),
+        help="instead, the sizes " + ", ".join(str(Size(*s)) for s in kinds.SWEEP),
     )
     size.add_argument(
         "--sizes",
@@ -224,7 +262,15 @@ def parser() -> argparse.ArgumentParser:
         "--per-sample",
         action="store_true",
         help="time per-sample gradients of the parameters instead: one sequence per sample, "
-        f"of length {cases.PER_SAMPLE_SEQ_LEN} unless --seq-len says otherwise",
+        f"of length {kinds.PER_SAMPLE_SEQ_LEN} unless --seq-len says otherwise",
+    )
+    what.add_argument(
+        "--overhead",
+        action="store_true",
+        help="time what each call costs instead: one cell step at the smallest size ("
+        + "x".join(map(str, kinds.OVERHEAD_SIZE))
+        + " unless -b, -f, -s or --sizes say otherwise), the forward under torch.no_grad() "
+        "and forward + backward, against nn.LSTMCell and the reference",
     )
     what.add_argument(
         "--inputs-grad",
@@ -237,7 +283,8 @@ def parser() -> argparse.ArgumentParser:
         type=_names,
         metavar="NAMES",
         help=f"comma-separated implementations; cell: {_choices(CELL)}; "
-        f"sequence: {_choices(SEQUENCE)}; per-sample: {_choices(PER_SAMPLE)}. "
+        f"sequence: {_choices(SEQUENCE)}; per-sample: {_choices(PER_SAMPLE)}; "
+        f"overhead: {_choices(OVERHEAD)}. "
         "The baseline (reference, reference-loop, lltm-loop) always runs",
     )
     what.add_argument(
@@ -292,13 +339,23 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     args.argv = list(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
+    if args.overhead and args.per_sample:
+        p.error("--overhead and --per-sample: one kind of case per run")
+    if args.overhead and args.seq_len:
+        p.error("--overhead times one cell step: no --seq-len")
     kind = kind_of_args(args)
     if kind is PER_SAMPLE:
         if args.inputs_grad:
             p.error("--inputs-grad: per-sample gradients are those of the parameters only")
-        args.seq_len = args.seq_len or [cases.PER_SAMPLE_SEQ_LEN]
-    if args.batch_size is None:
-        args.batch_size = cases.PER_SAMPLE_BATCH if kind is PER_SAMPLE else 16
+        args.seq_len = args.seq_len or [kinds.PER_SAMPLE_SEQ_LEN]
+    if kind is OVERHEAD:
+        batch, features, state = kinds.OVERHEAD_SIZE
+    else:
+        batch = kinds.PER_SAMPLE_BATCH if kind is PER_SAMPLE else 16
+        features, state = 32, 128
+    args.batch_size = batch if args.batch_size is None else args.batch_size
+    args.features = features if args.features is None else args.features
+    args.state_size = state if args.state_size is None else args.state_size
     names = args.impl or list(kind.defaults)
     if names == ["all"]:
         names = list(kind.implementations)
@@ -313,6 +370,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``lltm bench`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parse(list(sys.argv[1:] if argv is None else argv))
     results, env = run(args)
     if args.json:

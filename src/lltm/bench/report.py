@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .cases import KINDS, PER_SAMPLE, Kind, Size
+from .kinds import KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, Kind, Size
 from .timing import Result
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
@@ -19,10 +19,13 @@ NAMES = {
     "reference": "the eager reference",
     "reference-loop": "the reference loop",
     "lstm": "nn.LSTM",
+    "lstmcell": "nn.LSTMCell",
     "lltm-loop": "a loop over the samples",
     "lstm-vmap": "nn.LSTM under vmap",
 }
-SHORT = {"forward": "fwd", "backward": "bwd", "step": "step"}
+SHORT = {"forward": "fwd", "backward": "bwd", "step": "step", NO_GRAD: "no-grad fwd"}
+# Column names of the phases, where not the phase's own name.
+LONG = {NO_GRAD: "no-grad forward"}
 # What files written before these fields existed measured: one cell step with
 # inputs that require grad.
 OLD_ENVIRONMENT = {"case": "cell", "inputs_grad": True, "seq_len": None}
@@ -40,10 +43,21 @@ def speedup(results: Sequence[Result], result: Result, phase: str, against: str)
     return theirs / ours if ours and theirs else None
 
 
+def of_large_gemm(result: Result, phase: str, env: dict[str, Any]) -> float | None:
+    """A row's GFLOP/s as a fraction of the large GEMM's, timed in the same run.
+
+    None where either is unknown.
+    """
+    gflops, large = result.gflops(phase), env.get("large_gemm")
+    return gflops / large["gflops"] if gflops and large and large.get("gflops") else None
+
+
 def _comparisons(kind: Kind) -> dict[str, str]:
-    """JSON field name -> implementation compared with. The baseline keeps the
-    name ``speedup_vs_reference`` whatever the case (reference, reference-loop):
-    readers of older files look for it."""
+    """JSON field name -> implementation compared with.
+
+    The baseline keeps the name ``speedup_vs_reference`` whatever the case (reference,
+    reference-loop): readers of older files look for it.
+    """
     fields = {"speedup_vs_reference": kind.baseline}
     if kind.rival:
         fields[f"speedup_vs_{kind.rival.replace('-', '_')}"] = kind.rival
@@ -51,8 +65,10 @@ def _comparisons(kind: Kind) -> dict[str, str]:
 
 
 def _rival(kind: Kind, results: Sequence[Result]) -> str | None:
-    """The rival, if it is among the implementations of the run (timed or
-    failed): tables and plots compare with it only then."""
+    """The rival, if it is among the implementations of the run (timed or failed).
+
+    Tables and plots compare with it only then.
+    """
     return kind.rival if any(r.impl == kind.rival for r in results) else None
 
 
@@ -60,8 +76,10 @@ def _rival(kind: Kind, results: Sequence[Result]) -> str | None:
 
 
 def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
-    """``{"environment": env, "results": [one row per size and implementation]}``;
-    a row has a field per phase its kind times."""
+    """``{"environment": env, "results": [one row per size and implementation]}``.
+
+    A row has a field per phase its kind times.
+    """
     kind = kind_of_env(env)
     comparisons = _comparisons(kind)
     rows = []
@@ -74,6 +92,11 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
                 "blocks": len(r.times.get(phase) or []),
                 **{key: speedup(results, r, phase, impl) for key, impl in comparisons.items()},
             }
+            if kind.counts_flops:
+                row[phase]["gflops"] = r.gflops(phase)
+                row[phase]["of_large_gemm"] = of_large_gemm(r, phase, env)
+        if kind.counts_flops:
+            row["flops"] = r.flops
         row["saved_for_backward_bytes"] = r.saved_bytes
         row["saved_beyond_inputs_bytes"] = r.saved_beyond_inputs_bytes
         rows.append(row)
@@ -81,8 +104,11 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
-    """Results and environment of a ``--json`` file, such that min() and
-    median() give back the recorded values (speed-ups follow from those)."""
+    """Results and environment of a ``--json`` file.
+
+    Such that min() and median() give back the recorded values (speed-ups
+    follow from those).
+    """
     env = {**OLD_ENVIRONMENT, **report["environment"]}
     results = []
     for row in report["results"]:
@@ -100,6 +126,7 @@ def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
                 saved_bytes=row["saved_for_backward_bytes"],
                 saved_beyond_inputs_bytes=row["saved_beyond_inputs_bytes"],
                 error=row["error"],
+                flops=row.get("flops"),
             )
         )
     return results, env
@@ -115,6 +142,12 @@ def configuration(env: dict[str, Any]) -> str:
             "per-sample gradients of the parameters (one sequence per sample, mean squared "
             "error against a random target), speed-ups against lltm-loop"
         )
+    if kind_of_env(env) is OVERHEAD:
+        grads = "parameters, input, h and c" if env["inputs_grad"] else "parameters only"
+        return (
+            "per-call overhead, one cell step at the smallest size: the forward under "
+            f"torch.no_grad(), and forward + backward with gradients of the {grads}"
+        )
     sequence = env["case"] == "sequence"
     if env["inputs_grad"]:
         state = "input, h_0 and c_0" if sequence else "input, h and c"
@@ -125,12 +158,19 @@ def configuration(env: dict[str, Any]) -> str:
 
 
 def title(env: dict[str, Any]) -> str:
+    """One line that says what was run, where, with which versions."""
     env = {**OLD_ENVIRONMENT, **env}
     where = env.get("gpu") or env["cpu"]
+    large = env.get("large_gemm")
+    gemm = (
+        f"; a large GEMM (torch.mm, {large['n']}^3) ran at {large['gflops']:,.1f} GFLOP/s"
+        if large
+        else ""
+    )
     return (
         f"lltm {env['lltm']}, torch {env['torch']}: {configuration(env)}; "
         f"{env['dtype']} on {env['device']} ({where}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}), "
-        f"{env['blocks']} blocks each"
+        f"{env['blocks']} blocks each{gemm}"
     )
 
 
@@ -145,13 +185,14 @@ def pick_unit(results: Sequence[Result], unit: str) -> str:
 def table_rows(
     results: Sequence[Result], env: dict[str, Any], unit: str = "auto"
 ) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the results table of a run; ``auto`` picks us or ms
-    per cell.
+    """Header and rows of the results table of a run; ``auto`` picks us or ms per cell.
 
     Columns: size (and T for sequences), impl, min / median per phase the
     kind times, speed-ups against the baseline (and the rival, if the kind
-    has one and the run includes it), saved bytes (if the kind measures
-    them). The columns up to ``impl`` are labels, the rest numbers.
+    has one and the run includes it), the step's GFLOP/s of the products it
+    needs and, in parentheses, that as a fraction of the large GEMM's rate
+    in the same run (if the kind counts them), saved bytes (if the kind
+    measures them). The columns up to ``impl`` are labels, the rest numbers.
     """
     kind = kind_of_env(env)
     rival = _rival(kind, results)
@@ -171,13 +212,27 @@ def table_rows(
     def kib(n: int | None) -> str:
         return "-" if n is None else f"{n / 1024:,.0f}"
 
+    def rate(r: Result) -> str:
+        gflops, fraction = r.gflops("step"), of_large_gemm(r, "step", env)
+        if gflops is None:
+            return "-"
+        shown = f"{gflops:,.1f}" if gflops >= 10 else f"{gflops:.3g}"
+        if fraction is not None:
+            shown += f" ({fraction:.2f})" if fraction >= 0.01 else f" ({fraction:.1e})"
+        return shown
+
+    # Runs that counted the products' operations (sequences; not files
+    # written before they were counted).
+    flops = any(r.flops for r in results)
+
     header = [
         "size",
         *(["T"] if kind.sequences else []),
         "impl",
-        *(f"{phase} min / median" for phase in kind.phases),
+        *(f"{LONG.get(phase, phase)} min / median" for phase in kind.phases),
         f"speed-up {phases}",
         *([f"vs {NAMES[rival]} {phases}"] if rival else []),
+        *(["step GFLOP/s (of the large GEMM's)"] if flops else []),
         *(["saved KiB (beyond inputs)"] if kind.saved_memory else []),
     ]
     rows = []
@@ -197,6 +252,7 @@ def table_rows(
                 *(timing(r, phase) for phase in kind.phases),
                 ratios(r, kind.baseline),
                 *([ratios(r, rival)] if rival else []),
+                *([rate(r)] if flops else []),
                 *([saved] if kind.saved_memory else []),
             ]
         )
@@ -209,6 +265,7 @@ def label_columns(header: Sequence[str]) -> int:
 
 
 def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> None:
+    """Prints the results as a table, with rich where it is installed."""
     header, rows = table_rows(results, env, unit)
     labels = label_columns(header)
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
@@ -239,8 +296,10 @@ def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> No
 
 
 def _axis(sizes: Sequence[Size], batch: str) -> tuple[list[str], str]:
-    """Tick labels and axis label for the points of a run: sizes, lengths or
-    both; ``batch`` names the first dimension of a size."""
+    """Tick labels and axis label for the points of a run.
+
+    Sizes, lengths or both; ``batch`` names the first dimension of a size.
+    """
     if all(s.seq_len is None for s in sizes):
         return [str(s) for s in sizes], f"{batch} x features x state"
     if len({str(s) for s in sizes}) == 1:
@@ -255,14 +314,17 @@ TIME_PANELS = {
     "cell": ("time per step", "forward + backward"),
     "sequence": ("time per sequence (all T steps)", "forward + backward"),
     "per-sample": ("time per batch of samples", "every sample's gradients"),
+    "overhead": ("time per step", "forward + backward"),
 }
 # Speed-up lines of a plot, per phase (when the kind times it): line style, marker.
-SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", ".")}
+SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", "."), NO_GRAD: ("--", "x")}
 
 
 def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:
-    """Step time per size (or sequence length), and speed-ups against the
-    baseline (and against the rival, if the kind has one and it ran)."""
+    """Step time per size (or sequence length), and speed-ups.
+
+    Against the baseline, and against the rival if the kind has one and it ran.
+    """
     try:
         import matplotlib
     except ImportError as error:
@@ -291,7 +353,7 @@ def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -
         floor = impl == "gemm"
         ax_time.plot(
             xs,
-            [mine[sizes[i]].median("step") * UNITS[unit] for i in xs],
+            [(mine[sizes[i]].median("step") or math.nan) * UNITS[unit] for i in xs],
             "--" if floor else "-",
             marker="o",
             color=colours[impl],

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from torch.utils import benchmark
 
-from .cases import PHASES, Case, Size
+from .cases import Case
+from .kinds import PHASES, Size
 
 # Wall time one block aims at: long enough to dwarf the timer's own cost,
 # short enough for many interleaved blocks.
@@ -33,11 +34,22 @@ class Result:
     saved_bytes: int | None = None
     saved_beyond_inputs_bytes: int | None = None
     error: str | None = None
+    flops: dict[str, int] | None = None
+    """Operations of the products per phase (flops.product_flops), if counted."""
+
+    def gflops(self, phase: str) -> float | None:
+        """The products' rate at the median time of a phase, in GFLOP/s."""
+        median = self.median(phase)
+        if not self.flops or phase not in self.flops or not median:
+            return None
+        return self.flops[phase] / median / 1e9
 
     def min(self, phase: str) -> float | None:
+        """The fastest block's seconds per call of ``phase``, or None if it was not timed."""
         return min(self.times[phase]) if self.times.get(phase) else None
 
     def median(self, phase: str) -> float | None:
+        """The median block's seconds per call of ``phase``, or None if it was not timed."""
         values = sorted(self.times.get(phase) or [])
         if not values:
             return None
@@ -61,11 +73,13 @@ def measure(
     block_seconds: float = BLOCK_SECONDS,
     on_block: Callable[[], None] = lambda: None,
     phases: Sequence[str] = PHASES,
+    extra: Mapping[str, Callable[[], object]] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Seconds per call, per implementation and phase, one entry per round.
 
     Each round times one block of every (implementation, phase) in turn,
-    for the ``phases`` asked for.
+    for the ``phases`` asked for, then one block of each ``extra`` callable
+    (returned under its name, as phase "step").
     torch.utils.benchmark does the warm-up, sets the thread count and
     synchronises the GPU around each block.
     """
@@ -76,19 +90,22 @@ def measure(
         for case in cases
         for phase in phases
     }
+    for name, fn in (extra or {}).items():
+        timers[name, "step"] = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     calls = {key: _calls_per_block(timer, block_seconds) for key, timer in timers.items()}
     times: dict[str, dict[str, list[float]]] = {c.impl: {p: [] for p in phases} for c in cases}
+    times.update({name: {"step": []} for name in extra or {}})
     for _ in range(rounds):
         for (impl, phase), timer in timers.items():
             times[impl][phase].append(timer.timeit(calls[impl, phase]).mean)
-            on_block()
+            if impl not in (extra or {}):
+                on_block()
     return times
 
 
 @contextlib.contextmanager
 def progress(total: int, enabled: bool) -> Iterator[Callable[[str], Callable[[], None]]]:
-    """Yields start(label) -> advance: a rich progress bar over ``total``
-    blocks, or no-ops."""
+    """Yields start(label) -> advance: a rich progress bar over ``total`` blocks, or no-ops."""
 
     def quiet(_label: str) -> Callable[[], None]:
         return lambda: None

@@ -34,8 +34,10 @@ _DEVICE_TYPES = [
 
 
 def enabled(device_type: str) -> bool:
-    """Whether an autocast region is active for ``device_type`` (never for a
-    device without autocast, such as meta)."""
+    """Whether an autocast region is active for ``device_type``.
+
+    Never for a device without autocast, such as meta.
+    """
     return device_type in _DEVICE_TYPES and torch.is_autocast_enabled(device_type)
 
 

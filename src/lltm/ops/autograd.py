@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -51,21 +51,24 @@ from torch.autograd.function import _SingleLevelFunction
 
 from .. import _composite
 from . import tangents
+from .errors import typed
 from .library import (
     backward,
     below_autograd,
+    direct,
     forward,
     sequence_backward,
     sequence_forward,
     sequence_gate_grads,
-    typed,
 )
 
 
 def differentiating(args: Sequence[Any]) -> bool:
-    """Whether a call must go through autograd: a torch.func transform is
-    active, or grad mode is on and an argument requires grad, or an argument
-    carries a forward-mode tangent."""
+    """Whether a call must go through autograd.
+
+    It must when a torch.func transform is active, or grad mode is on and an
+    argument requires grad, or an argument carries a forward-mode tangent.
+    """
     if torch._C._are_functorch_transforms_active():
         return True
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
@@ -82,16 +85,20 @@ _DIFFERENTIATING_TRANSFORMS = (
 
 
 def _nested_differentiation() -> bool:
-    """Under torch.func: whether a differentiating transform (grad, jvp)
-    encloses the one differentiating this call."""
+    """Whether another differentiating transform encloses the one differentiating this call.
+
+    Under torch.func; the differentiating transforms are grad and jvp.
+    """
     enclosing = torch._C._functorch.get_interpreter_stack()[:-1]
     return any(level.key() in _DIFFERENTIATING_TRANSFORMS for level in enclosing)
 
 
 def _differentiated_again(inputs: Sequence[Tensor | None]) -> bool:
-    """Outside torch.func: whether what a backward or jvp computes now may
-    itself be differentiated (create_graph=True, reverse mode over forward
-    mode): grad mode on, and an input requires grad."""
+    """Whether what a backward or jvp computes now may itself be differentiated.
+
+    Outside torch.func: create_graph=True, reverse mode over forward mode; that
+    is, grad mode on, and an input requires grad.
+    """
     if torch._C._are_functorch_transforms_active():
         return False  # decided at the forward: see _forward_kernel
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
@@ -102,10 +109,13 @@ def _differentiated_again(inputs: Sequence[Tensor | None]) -> bool:
 # _backward_op).
 _within_backward = threading.local()
 
+_Result = TypeVar("_Result")
 
-def _backward_op(op: Any, *args: Any) -> Any:
-    """Calls a backward operator from a Function's backward whose result is
-    not differentiated again: straight to the kernels.
+
+def _backward_op(op: Callable[..., _Result], *args: Any) -> _Result:
+    """Calls a backward operator from a Function's backward: straight to the kernels.
+
+    Only for results that are not differentiated again.
 
     Outside torch.func that is below the autograd key (its Python kernel
     would cost a dispatcher round trip for nothing). Under torch.func, the
@@ -114,7 +124,8 @@ def _backward_op(op: Any, *args: Any) -> Any:
     that transform's level does not honour the below-autograd guard; no
     transform encloses this one differentiating (that case never gets here:
     see _forward_kernel), so the operator's Autograd kernel is told to go to
-    the kernels, and vmap still applies its rules on the way."""
+    the kernels, and vmap still applies its rules on the way.
+    """
     functorch = torch._C._are_functorch_transforms_active()
     previous = getattr(_within_backward, "active", False)
     _within_backward.active = functorch
@@ -124,7 +135,7 @@ def _backward_op(op: Any, *args: Any) -> Any:
         with below_autograd():
             return op(*args)
     except RuntimeError as error:
-        raise typed(error) from None
+        raise typed(error, op, args) from None
     finally:
         _within_backward.active = previous
 
@@ -135,15 +146,25 @@ def _backward_op(op: Any, *args: Any) -> Any:
 class CellFunction(_SingleLevelFunction):
     """lltm::forward with its derivatives; outputs (new_h, new_cell, gates)."""
 
+    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
+
+        @staticmethod
+        def apply(
+            input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
+        ) -> tuple[Tensor, Tensor, Tensor]:
+            """Applies the Function: the forward operator's outputs."""
+
     @staticmethod
-    def forward(  # type: ignore[override]
-        input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: Tensor
+    def forward(
+        input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """Runs the kernels, below the autograd key."""
         with below_autograd():
             return forward(input, weights, bias, old_h, old_cell)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
+        """Saves the inputs and activations for backward and jvp."""
         _new_h, new_cell, gates = output
         ctx.mark_non_differentiable(gates)
         ctx.save_for_backward(*inputs, new_cell, gates)
@@ -154,9 +175,11 @@ class CellFunction(_SingleLevelFunction):
 
     @staticmethod
     def _activations(ctx: Any) -> tuple[tuple[Tensor, ...], Tensor, Tensor, bool]:
-        """(inputs, new_cell, gates, recomputed?): the activations the
-        forward saved, or recomputed in plain torch from the inputs when what
-        is computed from them will be differentiated again."""
+        """The activations the forward saved: (inputs, new_cell, gates, recomputed?).
+
+        Recomputed in plain torch from the inputs when what is computed from
+        them will be differentiated again.
+        """
         *inputs, new_cell, gates = ctx.saved_tensors
         if not _differentiated_again(inputs):
             return tuple(inputs), new_cell, gates, False
@@ -164,9 +187,10 @@ class CellFunction(_SingleLevelFunction):
         return tuple(inputs), new_cell, gates, True
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, grad_h: Tensor | None, grad_cell: Tensor | None, _grad_gates: None
     ) -> tuple[Tensor | None, ...]:
+        """The gradients autograd asks for, from the backward operator."""
         inputs, new_cell, gates, recomputed = CellFunction._activations(ctx)
         input, weights, _bias, old_h, _old_cell = inputs
         grad_h = torch.zeros_like(new_cell) if grad_h is None else grad_h
@@ -177,23 +201,50 @@ class CellFunction(_SingleLevelFunction):
         return _backward_op(backward, *args, list(ctx.needs_input_grad))
 
     @staticmethod
-    def jvp(ctx: Any, *input_tangents: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def jvp(ctx: Any, *input_tangents: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The tangents of ``new_h`` and ``new_cell`` (tangents.py)."""
         inputs, new_cell, gates, _ = CellFunction._activations(ctx)
         d_h, d_cell = tangents.cell(inputs, input_tangents, new_cell, gates)
         return d_h, d_cell, None
 
 
 class SequenceFunction(_SingleLevelFunction):
-    """lltm::sequence_forward with its derivatives; outputs (output, h_n,
-    c_n, gates, cells)."""
+    """lltm::sequence_forward with its derivatives.
+
+    Outputs (output, h_n, c_n, gates, cells).
+    """
+
+    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
+
+        @staticmethod
+        def apply(
+            input: Tensor,
+            weights: Tensor,
+            bias: Tensor | None,
+            old_h: Tensor,
+            old_cell: Tensor,
+            batch_sizes: Tensor | None,
+            reverse: bool,
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+            """Applies the Function: the forward operator's outputs."""
 
     @staticmethod
-    def forward(*args: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
+    def forward(
+        input: Tensor,
+        weights: Tensor,
+        bias: Tensor | None,
+        old_h: Tensor,
+        old_cell: Tensor,
+        batch_sizes: Tensor | None,
+        reverse: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Runs the kernels, below the autograd key."""
         with below_autograd():
-            return sequence_forward(*args)
+            return sequence_forward(input, weights, bias, old_h, old_cell, batch_sizes, reverse)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+        """Saves the inputs and activations for backward and jvp."""
         *tensors, reverse = inputs  # input, weights, bias, old_h, old_cell, batch_sizes
         out, _h_n, _c_n, gates, cells = output
         ctx.mark_non_differentiable(gates, cells)
@@ -204,18 +255,22 @@ class SequenceFunction(_SingleLevelFunction):
 
     @staticmethod
     def _activations(ctx: Any) -> tuple[tuple[Any, ...], tuple[Tensor, ...], bool]:
-        """(inputs with batch_sizes, (output, gates, cells), recomputed?), as
-        CellFunction._activations."""
-        *inputs, batch_sizes, output, gates, cells = ctx.saved_tensors
-        if not _differentiated_again(inputs):
-            return (*inputs, batch_sizes), (output, gates, cells), False
+        """The activations: (inputs with batch_sizes, (output, gates, cells), recomputed?).
+
+        As CellFunction._activations.
+        """
+        input, weights, bias, old_h, old_cell, batch_sizes, output, gates, cells = ctx.saved_tensors
+        inputs = (input, weights, bias, old_h, old_cell, batch_sizes)
+        if not _differentiated_again(inputs[:5]):
+            return inputs, (output, gates, cells), False
         output, _h_n, _c_n, gates, cells = _composite.sequence_forward(
-            *inputs, batch_sizes, ctx.reverse
+            input, weights, bias, old_h, old_cell, batch_sizes, ctx.reverse
         )
-        return (*inputs, batch_sizes), (output, gates, cells), True
+        return inputs, (output, gates, cells), True
 
     @staticmethod
-    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The gradients autograd asks for, from the backward operator."""
         inputs, saved, recomputed = SequenceFunction._activations(ctx)
         input, weights, _bias, old_h, _old_cell, batch_sizes = inputs
         grad_output, grad_h_n, grad_c_n, _grad_gates, _grad_cells = grads
@@ -228,7 +283,8 @@ class SequenceFunction(_SingleLevelFunction):
         return (*_backward_op(sequence_backward, *args), None, None)
 
     @staticmethod
-    def jvp(ctx: Any, *input_tangents: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def jvp(ctx: Any, *input_tangents: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The tangents of ``output``, ``h_n`` and ``c_n`` (tangents.py)."""
         inputs, (output, gates, cells), _ = SequenceFunction._activations(ctx)
         d_output, d_h_n, d_c_n = tangents.sequence(
             inputs, ctx.reverse, input_tangents[:5], output, gates, cells
@@ -236,22 +292,137 @@ class SequenceFunction(_SingleLevelFunction):
         return d_output, d_h_n, d_c_n, None, None
 
 
+# --- Plain eager calls ------------------------------------------------------------
+# What lltm.lltm_cell and the modules apply when only ordinary autograd is in
+# play (eager.py decides): the same kernels and formulas as the Functions
+# above, with nothing that only transforms need. Only the differentiable
+# outputs are outputs (the activations are saved, not returned and marked),
+# nothing is saved for forward mode, and backward goes straight to the kernels
+# unless what it computes may be differentiated again or a torch.func
+# transform runs it, where the Functions above decide. Every step pays for
+# what a Function does per call, which is why these exist.
+
+_forward_kernel_call = direct(forward)
+_backward_kernel_call = direct(backward)
+_sequence_forward_kernel_call = direct(sequence_forward)
+_sequence_backward_kernel_call = direct(sequence_backward)
+
+
+class EagerCellFunction(_SingleLevelFunction):
+    """lltm::forward's kernel and reverse-mode derivative for plain eager calls.
+
+    Outputs (new_h, new_cell). Saves what CellFunction saves, in the same
+    order, so that its backward can stand in for this one's.
+    """
+
+    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
+
+        @staticmethod
+        def apply(
+            input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
+        ) -> tuple[Tensor, Tensor]:
+            """Applies the Function: (new_h, new_cell)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        input: Tensor,
+        weights: Tensor,
+        bias: Tensor | None,
+        old_h: Tensor,
+        old_cell: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Runs the kernel below the autograd key and saves the activations."""
+        with below_autograd():
+            new_h, new_cell, gates = _forward_kernel_call(input, weights, bias, old_h, old_cell)
+        ctx.save_for_backward(input, weights, bias, old_h, old_cell, new_cell, gates)
+        return new_h, new_cell
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: Tensor, grad_cell: Tensor) -> tuple[Tensor | None, ...]:
+        """The gradients autograd asks for, straight from the backward kernel where it can."""
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            return CellFunction.backward(ctx, grad_h, grad_cell, None)
+        # Gradients of outputs that do not reach the loss come as zeros
+        # (materialised by autograd), which the kernel needs anyway.
+        input, weights, _bias, old_h, _old_cell, new_cell, gates = ctx.saved_tensors
+        args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, ctx.needs_input_grad)
+        try:
+            with below_autograd():
+                return _backward_kernel_call(*args)
+        except RuntimeError as error:
+            raise typed(error, backward, args) from None
+
+
+class EagerSequenceFunction(_SingleLevelFunction):
+    """lltm::sequence_forward's kernel and reverse-mode derivative for plain eager calls.
+
+    As EagerCellFunction; outputs (output, h_n, c_n).
+    """
+
+    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
+
+        @staticmethod
+        def apply(
+            input: Tensor,
+            weights: Tensor,
+            bias: Tensor | None,
+            old_h: Tensor,
+            old_cell: Tensor,
+            batch_sizes: Tensor | None,
+            reverse: bool,
+        ) -> tuple[Tensor, Tensor, Tensor]:
+            """Applies the Function: (output, h_n, c_n)."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """Runs the kernel below the autograd key and saves the activations."""
+        with below_autograd():
+            output, h_n, c_n, gates, cells = _sequence_forward_kernel_call(*args)
+        *tensors, reverse = args  # input, weights, bias, old_h, old_cell, batch_sizes
+        ctx.save_for_backward(*tensors, output, gates, cells)
+        ctx.reverse = reverse
+        ctx.set_materialize_grads(False)
+        return output, h_n, c_n
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The gradients autograd asks for, as EagerCellFunction.backward."""
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            return SequenceFunction.backward(ctx, *grads, None, None)
+        input, weights, _bias, old_h, _old_cell, batch_sizes, *saved = ctx.saved_tensors
+        args = (
+            *grads, *saved, input, weights, old_h, batch_sizes, ctx.reverse,
+            ctx.needs_input_grad[:5],
+        )  # fmt: skip
+        try:
+            with below_autograd():
+                return (*_sequence_backward_kernel_call(*args), None, None)
+        except RuntimeError as error:
+            raise typed(error, sequence_backward, args) from None
+
+
 # --- Registration ----------------------------------------------------------------------
 
 
 def _forward_kernel(
-    op: Any, function: type[_SingleLevelFunction], composite: Callable[..., Any]
+    op: Any,
+    function: type[CellFunction] | type[SequenceFunction],
+    composite: Callable[..., Any],
 ) -> Callable[..., Any]:
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
-        if torch._C._are_functorch_transforms_active() and _nested_differentiation():
-            # Derivatives of derivatives under torch.func (see the module's
-            # docstring): the plain-torch formulas.
-            return composite(*args)
-        if differentiating(args):
-            with enable_single_level_autograd_function():
-                return function.apply(*args)
-        with below_autograd():
-            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        try:
+            if torch._C._are_functorch_transforms_active() and _nested_differentiation():
+                # Derivatives of derivatives under torch.func (see the
+                # module's docstring): the plain-torch formulas.
+                return composite(*args)
+            if differentiating(args):
+                with enable_single_level_autograd_function():
+                    return function.apply(*args)
+            with below_autograd():
+                return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        except RuntimeError as error:
+            raise typed(error, op, args) from None
 
     return kernel
 
@@ -260,8 +431,11 @@ def _backward_kernel(op: Any, math: Callable[..., Any]) -> Callable[..., Any]:
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
         if differentiating(args) and not getattr(_within_backward, "active", False):
             return math(*args)
-        with below_autograd():
-            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        try:
+            with below_autograd():
+                return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        except RuntimeError as error:
+            raise typed(error, op, args) from None
 
     return kernel
 

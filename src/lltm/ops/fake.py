@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from .._checks import (
@@ -20,9 +19,10 @@ from .._checks import (
     check_sequence_args,
     check_sequence_backward_args,
 )
+from .library import register_fake
 
 
-@torch.library.register_fake("lltm::forward")
+@register_fake("lltm::forward")
 def _forward_fake(
     input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -34,7 +34,7 @@ def _forward_fake(
     )
 
 
-@torch.library.register_fake("lltm::backward")
+@register_fake("lltm::backward")
 def _backward_fake(
     grad_h: Tensor,
     grad_cell: Tensor,
@@ -67,7 +67,7 @@ def _sequence_layout(like: Tensor, n: SequenceSizes, width: Any) -> Tensor:
     return like.new_empty(shape)
 
 
-@torch.library.register_fake("lltm::sequence_forward")
+@register_fake("lltm::sequence_forward")
 def _sequence_forward_fake(
     input: Tensor,
     weights: Tensor,
@@ -87,7 +87,7 @@ def _sequence_forward_fake(
     )
 
 
-@torch.library.register_fake("lltm::sequence_backward")
+@register_fake("lltm::sequence_backward")
 def _sequence_backward_fake(
     grad_output: Tensor | None,
     grad_h_n: Tensor | None,
@@ -116,7 +116,7 @@ def _sequence_backward_fake(
     return tuple(g if want else None for g, want in zip(grads, wanted, strict=True))
 
 
-@torch.library.register_fake("lltm::sequence_gate_grads")
+@register_fake("lltm::sequence_gate_grads")
 def _sequence_gate_grads_fake(
     grad_output: Tensor | None,
     grad_h_n: Tensor | None,

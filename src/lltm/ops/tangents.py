@@ -35,7 +35,11 @@ Tangents = Sequence[Tensor | None]
 
 
 def _step(
-    gates: Tensor, new_cell: Tensor, d_pre: Tensor | None, d_old_cell: Tensor | None, math
+    gates: Tensor,
+    new_cell: Tensor,
+    d_pre: Tensor | None,
+    d_old_cell: Tensor | None,
+    math: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """(d_h, d_cell) of one step, in the math type."""
     i, o, x = gates.to(math).chunk(3, dim=-1)
@@ -61,11 +65,13 @@ def _input_side(
     d_weights: Tensor | None,
     d_bias: Tensor | None,
     rows: int,
-    math,
+    math: torch.dtype,
 ) -> Tensor | None:
-    """The part of d_pre that does not depend on the tangent of old_h, for
-    ``rows`` rows: d_input W_x^T + [old_h, input] dW^T + d_bias (``h_x`` is
-    [old_h, input], needed only for dW), or None when all three are None."""
+    """The part of d_pre that does not depend on the tangent of old_h, for ``rows`` rows.
+
+    That is d_input W_x^T + [old_h, input] dW^T + d_bias (``h_x`` is [old_h,
+    input], needed only for dW), or None when all three are None.
+    """
     state = weights.shape[0] // 3
     terms = []
     if d_input is not None:
@@ -83,7 +89,9 @@ def _input_side(
     return total.expand(rows, -1)
 
 
-def _plus_state(d_pre: Tensor | None, d_h: Tensor | None, weights: Tensor, math) -> Tensor | None:
+def _plus_state(
+    d_pre: Tensor | None, d_h: Tensor | None, weights: Tensor, math: torch.dtype
+) -> Tensor | None:
     """d_pre + d_old_h W_h^T."""
     if d_h is None:
         return d_pre
@@ -114,11 +122,13 @@ def sequence(
     gates: Tensor,
     cells: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Tangents of lltm::sequence_forward's (output, h_n, c_n). ``primals``
-    are (input, weights, bias, old_h, old_cell, batch_sizes)."""
+    """Tangents of lltm::sequence_forward's (output, h_n, c_n).
+
+    ``primals`` are (input, weights, bias, old_h, old_cell, batch_sizes).
+    """
     input, weights, bias, old_h, old_cell, batch_sizes = primals
     d_input, d_weights, d_bias, d_old_h, d_old_cell = tangents
-    assert input is not None and weights is not None and old_h is not None
+    assert input is not None and weights is not None and old_h is not None and old_cell is not None
     n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
     schedule = _composite.step_schedule(n, batch_sizes, reverse)
     math = _composite.math_type(input)
@@ -154,9 +164,11 @@ def sequence(
 
 
 def _carry(step: Tensor, running: Tensor | None, batch: int) -> Tensor:
-    """The running (batch, state) tangent after a step that updated its first
-    rows: the step's rows, then the rows it did not touch (zero tangents if
-    nothing was running yet)."""
+    """The running (batch, state) tangent after a step that updated its first rows.
+
+    The step's rows, then the rows it did not touch (zero tangents if nothing
+    was running yet).
+    """
     if step.shape[0] == batch:
         return step
     if running is None:

@@ -22,7 +22,7 @@ per vmapped index.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import Tensor
@@ -32,17 +32,29 @@ from .._checks import check_sequence_backward_args
 from .library import (
     backward,
     forward,
+    register_vmap,
     sequence_backward,
     sequence_forward,
     sequence_gate_grads,
 )
 
 InDims = tuple[int | None, ...]
+# A rule's result: the outputs, and the vmapped dimension of each.
+Batched = tuple[tuple[Tensor | None, ...], tuple[int | None, ...]]
 
 
+@overload
+def _fold(t: Tensor, dim: int | None, size: int) -> Tensor: ...
+@overload
+def _fold(t: None, dim: int | None, size: int) -> None: ...
+@overload
+def _fold(t: Tensor | None, dim: int | None, size: int) -> Tensor | None: ...
 def _fold(t: Tensor | None, dim: int | None, size: int) -> Tensor | None:
-    """(B at ``dim``, ..., rows, width) -> (..., rows * B, width), the vmapped
-    index innermost; an unbatched tensor is broadcast over the B samples."""
+    """(B at ``dim``, ..., rows, width) -> (..., rows * B, width).
+
+    The vmapped index goes innermost; an unbatched tensor is broadcast over
+    the B samples.
+    """
     if t is None:
         return None
     t = t.movedim(dim, -2) if dim is not None else t.unsqueeze(-2).expand(*t.shape[:-1], size, -1)
@@ -56,12 +68,12 @@ def _unfold(t: Tensor | None, size: int) -> tuple[Tensor | None, int | None]:
     return t.reshape(*t.shape[:-2], t.shape[-2] // size, size, t.shape[-1]), t.dim() - 1
 
 
-def _unfolded(outputs: tuple[Tensor | None, ...], size: int) -> tuple[tuple, tuple]:
+def _unfolded(outputs: tuple[Tensor | None, ...], size: int) -> Batched:
     pairs = [_unfold(t, size) for t in outputs]
     return tuple(t for t, _ in pairs), tuple(d for _, d in pairs)
 
 
-def _per_index(op: Any, size: int, in_dims: InDims, args: tuple[Any, ...]) -> tuple[tuple, tuple]:
+def _per_index(op: Any, size: int, in_dims: InDims, args: tuple[Any, ...]) -> Batched:
     """One call per vmapped index, outputs stacked along dimension 0."""
     results = [
         op(
@@ -82,8 +94,8 @@ def _to_front(t: Tensor, dim: int | None, size: int) -> Tensor:
     return t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
 
 
-@torch.library.register_vmap("lltm::forward")
-def _forward_rule(info: Any, in_dims: InDims, *args: Tensor) -> tuple[tuple, tuple]:
+@register_vmap("lltm::forward")
+def _forward_rule(info: Any, in_dims: InDims, *args: Tensor) -> Batched:
     input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim = in_dims
     if weights_dim is not None or bias_dim is not None:
         return _per_index(forward, info.batch_size, in_dims, args)
@@ -99,27 +111,35 @@ def _forward_rule(info: Any, in_dims: InDims, *args: Tensor) -> tuple[tuple, tup
     return _unfolded(outputs, size)
 
 
-@torch.library.register_vmap("lltm::backward")
-def _backward_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tuple, tuple]:
+@register_vmap("lltm::backward")
+def _backward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
     *tensors, output_mask = args
     *row_dims, weights_dim, _ = in_dims
     size = info.batch_size
     _, want_weights, want_bias, _, _ = output_mask
     if weights_dim is None and not want_weights and not want_bias:
-        rows = [_fold(t, d, size) for t, d in zip(tensors[:-1], row_dims, strict=True)]
-        return _unfolded(backward(*rows, tensors[-1], output_mask), size)
+        grad_h, grad_cell, new_cell, gates, input, old_h = (
+            _fold(t, d, size) for t, d in zip(tensors[:-1], row_dims, strict=True)
+        )
+        outputs = backward(
+            grad_h, grad_cell, new_cell, gates, input, old_h, tensors[-1], output_mask
+        )
+        return _unfolded(outputs, size)
     # Per-sample (or per-member) parameter gradients: batched products.
     batched = [
         _to_front(t, d, size) for t, d in zip(tensors, (*row_dims, weights_dim), strict=True)
     ]
     if weights_dim is None:
         batched[-1] = tensors[-1]  # broadcast by the products, not copied
-    grads = _composite.backward_math(*batched, output_mask)
+    grad_h, grad_cell, new_cell, gates, input, old_h, weights = batched
+    grads = _composite.backward_math(
+        grad_h, grad_cell, new_cell, gates, input, old_h, weights, output_mask
+    )
     return grads, tuple(None if g is None else 0 for g in grads)
 
 
-@torch.library.register_vmap("lltm::sequence_forward")
-def _sequence_forward_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tuple, tuple]:
+@register_vmap("lltm::sequence_forward")
+def _sequence_forward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
     input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim, sizes_dim, _ = in_dims
     if weights_dim is not None or bias_dim is not None or sizes_dim is not None:
         return _per_index(sequence_forward, info.batch_size, in_dims, args)
@@ -137,17 +157,31 @@ def _sequence_forward_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tupl
     return _unfolded(outputs, size)
 
 
+# The tensors of a sequence backward call: grad_output, grad_h_n, grad_c_n,
+# output, gates, cells, input, weights, old_h.
+SequenceBackwardTensors = tuple[
+    Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor
+]
+
+
 def _fold_sequence_backward_args(
     size: int, in_dims: InDims, args: tuple[Any, ...]
-) -> tuple[list[Any], Tensor, Tensor | None]:
-    """The tensors of a sequence backward call (grad_output, grad_h_n,
-    grad_c_n, output, gates, cells, input, weights, old_h) folded, and
-    batch_sizes for the folded batch."""
-    *tensors, batch_sizes = args[:10]
-    *row_dims, _weights_dim, old_h_dim, _sizes_dim = in_dims[:10]
-    rows = [_fold(t, d, size) for t, d in zip(tensors[:-2], row_dims, strict=True)]
-    folded = [*rows, tensors[-2], _fold(tensors[-1], old_h_dim, size)]
-    return folded, tensors[-2], None if batch_sizes is None else batch_sizes * size
+) -> tuple[SequenceBackwardTensors, Tensor, Tensor | None]:
+    """The tensors of a sequence backward call folded, weights, and batch_sizes for the folded batch."""
+    grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h = args[:9]
+    batch_sizes = args[9]
+    folded = (
+        _fold(grad_output, in_dims[0], size),
+        _fold(grad_h_n, in_dims[1], size),
+        _fold(grad_c_n, in_dims[2], size),
+        _fold(output, in_dims[3], size),
+        _fold(gates, in_dims[4], size),
+        _fold(cells, in_dims[5], size),
+        _fold(input, in_dims[6], size),
+        weights,
+        _fold(old_h, in_dims[8], size),
+    )
+    return folded, weights, None if batch_sizes is None else batch_sizes * size
 
 
 def _one_call_serves(in_dims: InDims) -> bool:
@@ -156,8 +190,8 @@ def _one_call_serves(in_dims: InDims) -> bool:
     return weights_dim is None and sizes_dim is None
 
 
-@torch.library.register_vmap("lltm::sequence_gate_grads")
-def _sequence_gate_grads_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tuple, tuple]:
+@register_vmap("lltm::sequence_gate_grads")
+def _sequence_gate_grads_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
     size = info.batch_size
     if not _one_call_serves(in_dims):
         return _per_index(sequence_gate_grads, size, in_dims, args)
@@ -165,8 +199,8 @@ def _sequence_gate_grads_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[t
     return _unfolded(sequence_gate_grads(*folded, batch_sizes, args[10]), size)
 
 
-@torch.library.register_vmap("lltm::sequence_backward")
-def _sequence_backward_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tuple, tuple]:
+@register_vmap("lltm::sequence_backward")
+def _sequence_backward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
     size = info.batch_size
     if not _one_call_serves(in_dims):
         return _per_index(sequence_backward, size, in_dims, args)
@@ -180,16 +214,18 @@ def _sequence_backward_rule(info: Any, in_dims: InDims, *args: Any) -> tuple[tup
 
 def _per_sample_parameter_grads(
     size: int,
-    folded: list[Any],
+    folded: SequenceBackwardTensors,
     weights: Tensor,
     batch_sizes: Tensor | None,
     reverse: bool,
     output_mask: list[bool],
-) -> tuple[tuple, tuple]:
-    """sequence_backward's gradients for each of ``size`` samples folded into
-    one batch: the gate gradients in one call, then every sample's weight
-    gradient d_gates^T [h_prev, input] over its own rows as one batched
-    product (and its bias gradient as one sum over its rows)."""
+) -> Batched:
+    """sequence_backward's gradients for each of ``size`` samples folded into one batch.
+
+    The gate gradients in one call, then every sample's weight gradient
+    d_gates^T [h_prev, input] over its own rows as one batched product (and its
+    bias gradient as one sum over its rows).
+    """
     want_input, want_weights, want_bias, want_old_h, want_old_cell = output_mask
     d_gates, grad_old_h, grad_old_cell = sequence_gate_grads(*folded, batch_sizes, reverse)
     output, input, old_h = folded[3], folded[6], folded[8]

@@ -1,0 +1,112 @@
+// The weights of lltm's fused sequence kernels (lltm_cpu_recurrence.h),
+// packed once per call into the order their register tiles read them: each
+// tile then streams one contiguous panel, whatever the strides of `weights`.
+// Packing is the same for every instruction set but for the vector width L.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <vector>
+
+namespace lltm::cpu {
+
+// Memory aligned for the widest vectors, released with the matching delete.
+template <typename T>
+struct AlignedArray {
+  struct Free {
+    void operator()(T* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<T[], Free> data;
+
+  explicit AlignedArray(int64_t count) {
+    const size_t n = static_cast<size_t>(std::max<int64_t>(count, 1));
+    data.reset(static_cast<T*>(::operator new[](n * sizeof(T), std::align_val_t(64))));
+    std::fill(data.get(), data.get() + n, T(0));
+  }
+  T* get() const { return data.get(); }
+};
+
+// The forward's right-hand side, [W_x | W_h]^T with the bias, as panels of
+// L state columns: panel p holds 3L bias values, then for each k of the
+// input (features rows) and then of h_prev (state rows) 3L weights: the
+// input gate's columns p*L .. p*L+L-1, the output gate's, the candidate's;
+// zero beyond the state size.
+template <typename T>
+struct ForwardPanels {
+  int64_t lanes, panels, panel_size;
+  AlignedArray<T> values;
+
+  // W[r][c] at w[r * w_row + c * w_col] (3S x (S + F), columns [h | x]);
+  // bias[r] at bias[r * bias_stride], or no bias.
+  ForwardPanels(const T* w, int64_t w_row, int64_t w_col, const T* bias, int64_t bias_stride,
+                int64_t state, int64_t features, int64_t lanes_)
+      : lanes(lanes_),
+        panels((state + lanes_ - 1) / lanes_),
+        panel_size((1 + features + state) * 3 * lanes_),
+        values(panels * panel_size) {
+    const int64_t S = state, F = features, L = lanes;
+    for (int64_t p = 0; p < panels; ++p) {
+      T* out = values.get() + p * panel_size;
+      const int64_t cols = std::min(L, S - p * L);
+      for (int64_t gate = 0; gate < 3; ++gate) {
+        for (int64_t l = 0; l < cols; ++l) {
+          const int64_t r = gate * S + p * L + l;
+          if (bias != nullptr) out[gate * L + l] = bias[r * bias_stride];
+          for (int64_t k = 0; k < F; ++k) {
+            out[(1 + k) * 3 * L + gate * L + l] = w[r * w_row + (S + k) * w_col];
+          }
+          for (int64_t k = 0; k < S; ++k) {
+            out[(1 + F + k) * 3 * L + gate * L + l] = w[r * w_row + k * w_col];
+          }
+        }
+      }
+    }
+  }
+};
+
+// The backward's right-hand side W_h (3S x S) as panels of up to three
+// vectors of state columns: panel p holds, for each k < 3S, `vectors[p] * L`
+// values of row k of W_h, zero beyond the state size. Three vectors make the
+// best tile; a state of 3q + 1 vectors ends in two panels of two rather than
+// one of a single vector, whose tile would wait on its FMAs' latency.
+template <typename T>
+struct BackwardPanels {
+  int64_t lanes;
+  std::vector<int64_t> first, vectors, offset;  // per panel: first column, width, where
+  AlignedArray<T> values;
+
+  BackwardPanels(const T* w, int64_t w_row, int64_t w_col, int64_t state, int64_t lanes_)
+      : lanes(lanes_), values(plan(state, lanes_)) {
+    const int64_t S = state, L = lanes;
+    for (size_t p = 0; p < first.size(); ++p) {
+      T* out = values.get() + offset[p];
+      const int64_t width = vectors[p] * L;
+      const int64_t cols = std::min(width, S - first[p]);
+      for (int64_t k = 0; k < 3 * S; ++k) {
+        for (int64_t l = 0; l < cols; ++l)
+          out[k * width + l] = w[k * w_row + (first[p] + l) * w_col];
+      }
+    }
+  }
+
+ private:
+  // Fills first/vectors/offset; returns the number of values.
+  int64_t plan(int64_t state, int64_t L) {
+    int64_t left = (state + L - 1) / L;  // vectors of state columns
+    int64_t column = 0, size = 0;
+    while (left > 0) {
+      const int64_t v = left == 4 ? 2 : std::min<int64_t>(left, 3);
+      first.push_back(column);
+      vectors.push_back(v);
+      offset.push_back(size);
+      column += v * L;
+      size += 3 * state * v * L;
+      left -= v;
+    }
+    return size;
+  }
+};
+
+}  // namespace lltm::cpu

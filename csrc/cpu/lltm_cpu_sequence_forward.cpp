@@ -1,0 +1,223 @@
+// CPU implementation of lltm::sequence_forward, mirrored by
+// csrc/cuda/lltm_cuda_sequence_forward.cu function for function: gates =
+// input @ W_x^T for all steps at once (one GEMM, straight into the saved
+// `gates`), then step by step: gates_t += h_prev @ W_h^T and the cell's
+// pointwise pass, which activates gates_t in place and writes output_t and
+// cells_t. The bias joins the pre-activations in the GEMMs, as in the cell.
+// In float and double the fused steps of lltm_cpu_recurrence.h do both in one
+// pass per step (lltm_cpu_sequence.h).
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Dispatch_v2.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "../lltm_sequence.h"
+#include "../lltm_sequence_checks.h"
+#include "../lltm_tensor.h"
+#include "lltm_cpu_recurrence.h"
+#include "lltm_cpu_rows.h"
+#include "lltm_cpu_sequence.h"
+#include "lltm_cpu_torch_ops.h"
+
+namespace lltm::cpu {
+namespace {
+
+// The forward of every step with the fused kernels (lltm_cpu_recurrence.h).
+template <typename T>
+void fused_forward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes& n,
+                         const Schedule& schedule, const Tensor& x, const Tensor& weights,
+                         const std::optional<Tensor>& bias, const Tensor& h0, const Tensor& c0,
+                         Tensor& output, Tensor& gates, Tensor& cells) {
+  const int64_t S = n.state;
+  const ForwardPanels<T> panels(
+      static_cast<const T*>(weights.data_ptr()), weights.stride(0), weights.stride(1),
+      bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr,
+      bias.has_value() ? bias->stride(0) : 0, S, n.features, kernels.lanes);
+  const RunOrder order(schedule);
+  const ForwardSteps<T> steps{order.view(),
+                              S,
+                              n.features,
+                              static_cast<const T*>(x.data_ptr()),
+                              x.stride(0),
+                              static_cast<const T*>(h0.data_ptr()),
+                              h0.stride(0),
+                              static_cast<const T*>(c0.data_ptr()),
+                              c0.stride(0),
+                              c0.stride(1),
+                              static_cast<T*>(gates.data_ptr()),
+                              static_cast<T*>(output.data_ptr()),
+                              static_cast<T*>(cells.data_ptr()),
+                              &panels};
+  const RowBlocks blocks =
+      split_rows(n.batch, n.rows * (S + n.features) * 3 * S, kernels.block_rows);
+  blocks.run(n.batch,
+             [&](int64_t, int64_t first, int64_t last) { kernels.forward(steps, first, last); });
+}
+
+// `x` is the input as (rows, features) with contiguous rows; `h0` has
+// contiguous rows; `c0` any strides.
+template <typename scalar_t>
+void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, const Tensor& x,
+                            const Tensor& weights, const std::optional<Tensor>& bias,
+                            const Tensor& h0, const Tensor& c0, Tensor& output, Tensor& gates,
+                            Tensor& cells) {
+  if constexpr (kHasFusedSteps<scalar_t>) {
+    if (const RecurrentKernels<scalar_t>* kernels = recurrent_kernels<scalar_t>()) {
+      fused_forward_steps<scalar_t>(*kernels, n, schedule, x, weights, bias, h0, c0, output, gates,
+                                    cells);
+      return;
+    }
+  }
+  using T = acc_t<scalar_t>;
+  const int64_t S = n.state;
+  scalar_t* out = static_cast<scalar_t*>(output.data_ptr());
+  scalar_t* g = static_cast<scalar_t*>(gates.data_ptr());
+  scalar_t* c1 = static_cast<scalar_t*>(cells.data_ptr());
+  const Matrix<const scalar_t> h_init = matrix_of<const scalar_t>(h0);  // contiguous rows
+  const Matrix<const scalar_t> c_init = matrix_of<const scalar_t>(c0);
+  const scalar_t* x_data = static_cast<const scalar_t*>(x.data_ptr());
+  const int64_t x_stride = x.stride(0);
+  // Row r's state before the k-th step: that of the step run before when it
+  // had the row, else the initial one.
+  auto h_prev = [&](int64_t k, int64_t r) -> const scalar_t* {
+    if (r < schedule.previous_size(k)) return out + (schedule.previous_start(k) + r) * S;
+    return h_init.row(r);
+  };
+  auto c_prev = [&](int64_t k, int64_t r) -> RowRef<const scalar_t> {
+    if (r < schedule.previous_size(k)) return {c1 + (schedule.previous_start(k) + r) * S, 1};
+    return {c_init.row(r), c_init.col_stride};
+  };
+  // The pointwise pass of rows [first, end) of the k-th step.
+  auto pointwise = [&](ForwardBuffers<T>& buf, int64_t k, int64_t first, int64_t end) {
+    const int64_t start = schedule.starts[schedule.step(k)];
+    for (int64_t r = first; r < end; ++r) {
+      const int64_t row = start + r;
+      forward_row(buf, g + row * 3 * S, c_prev(k, r), out + row * S, c1 + row * S, S);
+    }
+  };
+
+  // torch's GEMM. In 16-bit, each step as the cell does it: [h_prev, x_t]
+  // and one GEMM with the bias, so that the pre-activations are rounded once
+  // and step t is exactly lltm::forward on step t. In float and double, one
+  // GEMM for every step's projection and bias, and per step one more that
+  // adds h_prev @ W_h^T.
+  constexpr bool kOneGemmPerStep = !std::is_same_v<scalar_t, T>;
+  const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
+  std::optional<Tensor> step_input;  // [h_prev, x_t] of a whole step
+  if (kOneGemmPerStep) {
+    step_input = new_matrix(x, n.batch, S + n.features);
+  } else if (n.rows > 0 && S > 0) {
+    linear_out(gates, bias, x, transposed(column_block(weights, S, n.features, false)));
+  }
+  for (int64_t k = 0; k < schedule.steps(); ++k) {
+    const int64_t t = schedule.step(k);
+    const int64_t size = schedule.sizes[t];
+    const int64_t start = schedule.starts[t];
+    const int64_t previous = schedule.previous_size(k);
+    const int64_t previous_start = schedule.previous_start(k);
+    if (size > 0 && kOneGemmPerStep) {
+      scalar_t* in = static_cast<scalar_t*>(step_input->data_ptr());
+      for (int64_t r = 0; r < size; ++r) {
+        std::copy(h_prev(k, r), h_prev(k, r) + S, in + r * (S + n.features));
+        const scalar_t* x_row = x_data + (start + r) * x_stride;
+        std::copy(x_row, x_row + n.features, in + r * (S + n.features) + S);
+      }
+      Tensor step_gates = reshaped_view(gates, size, 3 * S, 3 * S, 1, start * 3 * S);
+      linear_out(step_gates, bias,
+                 reshaped_view(*step_input, size, S + n.features, S + n.features, 1),
+                 transposed(weights));
+    } else if (size > 0) {
+      // The previous rows in contiguous blocks: the previous step's, then
+      // (going in reverse over packed sequences) rows joining now.
+      const int64_t carried = std::min(size, previous);
+      if (carried > 0) {
+        Tensor first_rows = reshaped_view(gates, carried, 3 * S, 3 * S, 1, start * 3 * S);
+        addmm_out(first_rows, first_rows,
+                  reshaped_view(output, carried, S, S, 1, previous_start * S), w_h_transposed, 1.0);
+      }
+      if (size > carried) {
+        Tensor joining =
+            reshaped_view(gates, size - carried, 3 * S, 3 * S, 1, (start + carried) * 3 * S);
+        const Tensor h_rows = reshaped_view(h0, size - carried, S, h0.stride(0), h0.stride(1),
+                                            carried * h0.stride(0));
+        addmm_out(joining, joining, h_rows, w_h_transposed, 1.0);
+      }
+    }
+    auto rows = [&](int64_t first, int64_t end) {
+      ForwardBuffers<T> buf;
+      pointwise(buf, k, first, end);
+    };
+    if (worth_parallel(size * S)) {
+      const int64_t grain = std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(S, 1));
+      torch::stable::parallel_for(0, size, grain, rows);
+    } else {
+      rows(0, size);
+    }
+  }
+}
+
+// Each sequence's state after its last step (the initial one if it had none).
+template <typename scalar_t>
+void gather_final_state(const SequenceSizes& n, const Schedule& schedule, const Tensor& steps_data,
+                        const Tensor& initial, Tensor& final_state) {
+  const int64_t S = n.state;
+  std::vector<int64_t> last_row(n.batch, -1);
+  for (int64_t k = 0; k < schedule.steps(); ++k) {
+    const int64_t t = schedule.step(k);
+    for (int64_t r = 0; r < schedule.sizes[t]; ++r) last_row[r] = schedule.starts[t] + r;
+  }
+  const scalar_t* from = static_cast<const scalar_t*>(steps_data.data_ptr());
+  const Matrix<const scalar_t> init = matrix_of<const scalar_t>(initial);
+  scalar_t* to = static_cast<scalar_t*>(final_state.data_ptr());
+  for (int64_t r = 0; r < n.batch; ++r) {
+    if (last_row[r] >= 0) {
+      std::copy(from + last_row[r] * S, from + (last_row[r] + 1) * S, to + r * S);
+    } else {
+      for (int64_t j = 0; j < S; ++j) to[r * S + j] = init.row(r)[j * init.col_stride];
+    }
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
+    Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
+    std::optional<Tensor> batch_sizes, bool reverse) {
+  const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
+  selected_isa();  // a bad LLTM_CPU_ISA raises here, outside any parallel region
+  const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
+  Tensor output = new_sequence_tensor(input, n, n.state);
+  Tensor gates = new_sequence_tensor(input, n, 3 * n.state);
+  Tensor cells = new_sequence_tensor(input, n, n.state);
+  Tensor h_n = new_matrix(input, n.batch, n.state);
+  Tensor c_n = new_matrix(input, n.batch, n.state);
+  Tensor gates_rows = as_rows(gates, n);
+  // The GEMMs read the input and h0 as whole rows; c0 is read in place.
+  Tensor x = as_rows(input, n);
+  if (x.stride(1) != 1) x = dense(x);
+  const Tensor h0 = dense(old_h);
+  Tensor output_rows = as_rows(output, n);
+  Tensor cells_rows = as_rows(cells, n);
+  THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_forward_cpu", AT_WRAP([&] {
+                    sequence_forward_steps<scalar_t>(n, schedule, x, weights, bias, h0, old_cell,
+                                                     output_rows, gates_rows, cells_rows);
+                    gather_final_state<scalar_t>(n, schedule, output_rows, old_h, h_n);
+                    gather_final_state<scalar_t>(n, schedule, cells_rows, old_cell, c_n);
+                  }),
+                  AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                  torch::headeronly::ScalarType::BFloat16);
+  return {output, h_n, c_n, gates, cells};
+}
+
+}  // namespace
+}  // namespace lltm::cpu
+
+STABLE_TORCH_LIBRARY_IMPL(lltm, CPU, m) {
+  m.impl("sequence_forward", TORCH_BOX(&lltm::cpu::sequence_forward));
+}

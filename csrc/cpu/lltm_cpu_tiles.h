@@ -1,0 +1,81 @@
+// What the forward and backward register tiles of lltm's fused sequence
+// kernels share (lltm_cpu_forward_steps.h, lltm_cpu_backward_steps.h).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "lltm_cpu_isa.h"
+#include "lltm_cpu_rows.h"
+#include "lltm_cpu_simd.h"
+
+namespace lltm::cpu {
+
+// acc[r][v] += sum_k a[r][k] * panel[k][v], k < depth; the panel's rows are
+// kV vectors apart. The accumulation order (k ascending, one fused
+// multiply-add each where the set has FMA) is the same for every width.
+template <typename V, typename T, int kRows, int kV>
+LLTM_ALWAYS_INLINE void multiply_panel(V (&acc)[kRows][kV], const T* const* a, const T* panel,
+                                       int64_t depth) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
+  const T* rows[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) rows[r] = a[r];
+  for (int64_t k = 0; k < depth; ++k, panel += kV * kLanes) {
+    V b[kV];
+#pragma GCC unroll 3
+    for (int v = 0; v < kV; ++v) load_vec(b[v], panel + v * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const T x = rows[r][k];
+#pragma GCC unroll 3
+      for (int v = 0; v < kV; ++v) acc[r][v] += x * b[v];
+    }
+  }
+}
+
+// How many k a pass of register tiles covers: the panel's slice (depth x
+// width values) stays in L1 while every row tile of the step sweeps it. A
+// longer product is split into passes of equal depth, the partial sums kept
+// in memory between them (at (64, 256, 512) a forward panel is 74 KB: swept
+// from L2 by each tile, the forward ran 4-12 % slower than in passes).
+constexpr int64_t kSliceBytes = 24 * 1024;
+
+// The depth of each pass over `depth` k of `width` values: (passes, depth).
+template <typename T>
+std::pair<int64_t, int64_t> passes_of(int64_t depth, int64_t width) {
+  const int64_t most =
+      std::max<int64_t>(16, kSliceBytes / (width * static_cast<int64_t>(sizeof(T))));
+  const int64_t passes = std::max<int64_t>(1, (depth + most - 1) / most);
+  return {passes, (depth + passes - 1) / passes};
+}
+
+// Columns [col, col + count) of a strided row as a vector (count <= its
+// lanes; zeros after them: lanes beyond the state size are computed, never
+// stored), and the first `count` lanes of a vector into a dense row.
+template <typename V, typename T>
+LLTM_ALWAYS_INLINE void load_cols(V& v, RowRef<const T> row, int64_t col, int64_t count) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
+  if (row.stride == 1 && count == kLanes) {
+    load_vec(v, row.data + col);
+    return;
+  }
+  alignas(64) T values[kLanes] = {};
+  for (int64_t l = 0; l < count; ++l) values[l] = row.data[(col + l) * row.stride];
+  load_vec(v, values);
+}
+
+template <typename V, typename T>
+LLTM_ALWAYS_INLINE void store_cols(T* to, const V& v, int64_t count) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
+  if (count == kLanes) {
+    store_vec(to, v);
+    return;
+  }
+  alignas(64) T values[kLanes];
+  store_vec(values, v);
+  for (int64_t l = 0; l < count; ++l) to[l] = values[l];
+}
+
+}  // namespace lltm::cpu

@@ -1,0 +1,126 @@
+// CUDA implementation of lltm::sequence_forward, mirroring
+// csrc/cpu/lltm_cpu_sequence_forward.cpp function for function: gates = b +
+// input @ W_x^T for all steps at once (one GEMM), then step by step: gates_t
+// += h_prev @ W_h^T (cuBLAS) and the cell's fused pointwise kernel, writing
+// output_t and cells_t. (16-bit: one GEMM per step over [h_prev, x_t], as in
+// the cell.) See lltm_cuda_sequence.cuh.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Dispatch_v2.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../lltm_sequence.h"
+#include "../lltm_sequence_checks.h"
+#include "../lltm_tensor.h"
+#include "lltm_cuda_launch.cuh"
+#include "lltm_cuda_pointwise.cuh"
+#include "lltm_cuda_runtime.h"
+#include "lltm_cuda_sequence.cuh"
+#include "lltm_cuda_torch_ops.cuh"
+
+namespace lltm::cuda {
+namespace {
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
+    Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
+    std::optional<Tensor> batch_sizes, bool reverse) {
+  const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
+  const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
+  const DeviceGuard guard(input.get_device_index());
+  const int64_t S = n.state;
+  Tensor output = new_sequence_tensor(input, n, S);
+  Tensor gates = new_sequence_tensor(input, n, 3 * S);
+  Tensor cells = new_sequence_tensor(input, n, S);
+  Tensor h_n = new_matrix(input, n.batch, S);
+  Tensor c_n = new_matrix(input, n.batch, S);
+  Tensor output_rows = as_rows(output, n, S);
+  Tensor gates_rows = as_rows(gates, n, 3 * S);
+  Tensor cells_rows = as_rows(cells, n, S);
+  // The kernels and the row blocks below read whole rows.
+  const Tensor x = as_rows(dense(input), n, n.features);
+  const Tensor h0 = dense(old_h);
+  const Tensor c0 = dense(old_cell);
+  const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
+  // In 16-bit each step runs as the cell does: [h_prev, x_t] and one GEMM
+  // with the bias, so the pre-activations are rounded once and step t is
+  // exactly lltm::forward on step t. In float and double, one GEMM for every
+  // step's projection and bias, then per step one more adding h_prev @ W_h^T.
+  const auto dtype = input.scalar_type();
+  const bool one_gemm_per_step = is_16_bit(input);
+  std::optional<Tensor> step_input;  // [h_prev, x_t] of a whole step
+  if (one_gemm_per_step) {
+    step_input = new_matrix(input, n.batch, S + n.features);
+  } else if (n.rows > 0 && S > 0) {
+    linear_out(gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)));
+  }
+
+  for (int64_t k = 0; k < schedule.steps(); ++k) {
+    const int64_t t = schedule.step(k);
+    const int64_t start = schedule.starts[t];
+    const int64_t size = schedule.sizes[t];
+    if (size == 0) continue;
+    if (one_gemm_per_step) {
+      previous_state_blocks(
+          schedule, k, output_rows, h0, [&](int64_t first, int64_t count, const Tensor& h_prev) {
+            Tensor to = column_block(row_block(*step_input, first, count), 0, S, false);
+            copy_into(to, h_prev);
+          });
+      Tensor in = row_block(*step_input, 0, size);
+      if (n.features > 0) {
+        Tensor to = column_block(in, S, n.features, false);
+        copy_into(to, row_block(x, start, size));
+      }
+      Tensor g = row_block(gates_rows, start, size);
+      linear_out(g, bias, in, transposed(weights));
+    } else {
+      previous_state_blocks(schedule, k, output_rows, h0,
+                            [&](int64_t first, int64_t count, const Tensor& h_prev) {
+                              Tensor g = row_block(gates_rows, start + first, count);
+                              addmm_out(g, g, h_prev, w_h_transposed, 1.0);
+                            });
+    }
+    previous_state_blocks(
+        schedule, k, cells_rows, c0, [&](int64_t first, int64_t count, const Tensor& c_prev) {
+          Tensor g = row_block(gates_rows, start + first, count);
+          Tensor h = row_block(output_rows, start + first, count);
+          Tensor c = row_block(cells_rows, start + first, count);
+          THO_DISPATCH_V2(dtype, "lltm_sequence_forward_cuda",
+                          AT_WRAP([&] { forward_pointwise<scalar_t>(g, c_prev, h, c, count, S); }),
+                          AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
+                          torch::headeronly::ScalarType::BFloat16);
+        });
+  }
+
+  // Each sequence's last state. Going back from the last step run, a step
+  // of size s is the last step of rows [gathered, s) not gathered yet
+  // (sizes shrink going forward; in reverse the last step run has them all).
+  for (auto [final_state, steps_data, initial] :
+       {std::tuple{&h_n, &output_rows, &h0}, {&c_n, &cells_rows, &c0}}) {
+    int64_t gathered = 0;
+    for (int64_t k = schedule.steps() - 1; k >= 0 && gathered < n.batch; --k) {
+      const int64_t t = schedule.step(k);
+      const int64_t size = schedule.sizes[t];
+      if (size <= gathered) continue;
+      Tensor to = row_block(*final_state, gathered, size - gathered);
+      copy_into(to, row_block(*steps_data, schedule.starts[t] + gathered, size - gathered));
+      gathered = size;
+    }
+    if (gathered < n.batch) {  // rows that had no step: their initial state
+      Tensor to = row_block(*final_state, gathered, n.batch - gathered);
+      copy_into(to, row_block(*initial, gathered, n.batch - gathered));
+    }
+  }
+  return {output, h_n, c_n, gates, cells};
+}
+
+}  // namespace
+}  // namespace lltm::cuda
+
+LLTM_CUDA_KERNELS(m) { m.impl("sequence_forward", TORCH_BOX(&lltm::cuda::sequence_forward)); }

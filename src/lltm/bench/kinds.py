@@ -1,0 +1,116 @@
+"""The kinds of case the bench times, and their sizes.
+
+What a cell step, a sequence, per-sample gradients and the per-call overhead
+are compared with, and the sizes each runs at unless told (see
+:mod:`lltm.bench.cases` for how a case is built and timed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PHASES = ("forward", "backward", "step")
+# The forward under torch.no_grad(): inference, no graph recorded. Timed by
+# the overhead case only.
+NO_GRAD = "no_grad"
+
+# --sweep: (batch, features, state) from below the tutorial's size to a large layer.
+SWEEP = (
+    (4, 32, 64),
+    (16, 32, 128),
+    (32, 64, 256),
+    (64, 128, 512),
+    (128, 256, 1024),
+    (256, 1024, 1024),
+)
+
+
+@dataclass(frozen=True)
+class Size:
+    """batch x features x state, and for a sequence its length (None: one cell step)."""
+
+    batch: int
+    features: int
+    state: int
+    seq_len: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.batch}x{self.features}x{self.state}"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of case: its implementations and what they are compared with."""
+
+    name: str
+    implementations: tuple[str, ...]
+    defaults: tuple[str, ...]
+    baseline: str
+    """Speed-ups are against this implementation; it always runs."""
+    rival: str | None = None
+    """A second comparison column (the stock torch module), if any."""
+    phases: tuple[str, ...] = PHASES
+    """The phases timed, a subset of PHASES in its order."""
+    saved_memory: bool = True
+    """Whether the bytes one forward saves for backward are measured."""
+    sequences: bool = True
+    """Whether a case runs whole sequences (its sizes have a seq_len)."""
+    counts_flops: bool = False
+    """Whether its LLTM implementations' rows report GFLOP/s of the products
+    they need (flops.product_flops), against a large GEMM timed in the same run."""
+
+
+CELL = Kind(
+    "cell",
+    implementations=("reference", "compiled", "lltm", "lstmcell", "gemm"),
+    defaults=("reference", "compiled", "lltm", "lstmcell"),
+    baseline="reference",
+    sequences=False,
+)
+SEQUENCE = Kind(
+    "sequence",
+    implementations=("reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"),
+    defaults=("reference-loop", "lltm-loop", "lltm-sequence", "lstm"),
+    baseline="reference-loop",
+    rival="lstm",
+    counts_flops=True,
+)
+PER_SAMPLE = Kind(
+    "per-sample",
+    implementations=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap", "lstm-loop"),
+    defaults=("lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"),
+    baseline="lltm-loop",
+    rival="lstm-vmap",
+    # Per-sample gradients are one computation: the forward is not kept.
+    phases=("step",),
+    saved_memory=False,
+)
+OVERHEAD = Kind(
+    "overhead",
+    implementations=("reference", "lltm", "lstmcell"),
+    defaults=("reference", "lltm", "lstmcell"),
+    baseline="reference",
+    rival="lstmcell",
+    phases=(NO_GRAD, "step"),
+    saved_memory=False,
+    sequences=False,
+)
+KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE, OVERHEAD)}
+
+# --overhead without -b, -f or -s: the smallest cell.
+OVERHEAD_SIZE = (1, 2, 2)
+
+# --per-sample without -b or --seq-len: 32 samples of 50 steps.
+PER_SAMPLE_BATCH = 32
+PER_SAMPLE_SEQ_LEN = 50
+
+
+# The large GEMM whose rate a run's GFLOP/s are compared with: square, of
+# this size, in the run's dtype on its device (torch.mm). Large enough that
+# the library runs it near the core's (or the GPU's) peak.
+LARGE_GEMM = {"cpu": 1024, "cuda": 4096}
+
+
+def kind_of(size: Size) -> Kind:
+    """The kind a size implies when none is named: a cell step or a sequence."""
+    return CELL if size.seq_len is None else SEQUENCE
