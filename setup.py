@@ -302,8 +302,7 @@ def cpu_variant() -> dict:
         description="The LLTM recurrent cell as a fused, stable-ABI PyTorch operator",
         packages=find_packages("src", include=["lltm", "lltm.*"]),
         package_dir={"": "src"},
-        # py.typed: the annotations are checked (mypy --strict, nox -s lint);
-        # lltm/_C.py describes the library to type checkers.
+        # py.typed: the annotations are checked (mypy --strict, nox -s lint).
         package_data={"lltm": ["py.typed"]},
         ext_modules=[native_library(ext)],
         install_requires=["torch>=2.10"],

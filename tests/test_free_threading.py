@@ -70,7 +70,7 @@ def _run(body: str) -> dict:
 def test_first_import_and_kernel_calls_from_many_threads():
     # Every thread imports lltm (one of them loads the library and registers
     # the ops, the others wait for it), then runs the kernels for the first
-    # time: the instruction set and the span and GEMM kernels are chosen
+    # time: the instruction set and the span and fused-step kernels are chosen
     # concurrently, and every result must still be the reference's.
     report = _run(
         """

@@ -41,9 +41,10 @@
 //
 // The pointwise math is the cell's (lltm_cpu_math.h, formula for formula),
 // and every product sums over k in the same order whatever the vector
-// width, so AVX2 and AVX-512 give the same bits, and so do arm64's baseline
-// and NEON (both contract a * b + c into one FMA; the tile height changes
-// which rows run together, never a row's arithmetic).
+// width, so AVX2 and AVX-512 give the same bits. So should arm64's baseline
+// and NEON, by the same argument (both contract a * b + c into one FMA, and
+// the tile height changes which rows run together, never a row's
+// arithmetic), though no test has compared them on an arm64 CPU yet.
 #pragma once
 
 #include <cstdint>
