@@ -61,7 +61,8 @@ class Library:
 
     def text(self, name: str) -> str:
         """The constant string that ``const char* <prefix>_<name>(void)`` returns."""
-        return self._function(name, ctypes.c_char_p)().decode()
+        value: bytes = self._function(name, ctypes.c_char_p)()
+        return value.decode()
 
     def reporter(self, name: str, *argtypes: Any) -> Callable[..., tuple[bool, str]]:
         """A reporting C function as a Python function.
