@@ -75,6 +75,21 @@ def _refuse_scripting(module: str) -> NoReturn:
     )
 
 
+# Dynamo answers torch.compiler.is_exporting() with True in every trace, for
+# torch.compile too, on torch before 2.13 (2.13 reads the real flag). There,
+# only an export that traces without Dynamo (non-strict: torch.export's and
+# the ONNX exporter's default) is recognised; a strict export of a packed
+# sequence then fails inside the module, as nn.LSTM's does.
+_EXPORT_FLAG_TRUSTED_UNDER_DYNAMO = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+
+
+def _exporting() -> bool:
+    """torch.export, or an exporter built on it, is tracing this call."""
+    if not torch.compiler.is_exporting():
+        return False
+    return _EXPORT_FLAG_TRUSTED_UNDER_DYNAMO or not torch.compiler.is_dynamo_compiling()
+
+
 def _refuse_packed_export() -> NoReturn:
     # The number of sequences each step updates is data (batch_sizes), and an
     # exported graph cannot follow it: torch.export would fail deep inside
@@ -280,7 +295,7 @@ class LLTMSequence(torch.nn.Module):
         packed = isinstance(input, PackedSequence)
         batched = True
         if packed:
-            if torch.compiler.is_exporting():
+            if _exporting():
                 _refuse_packed_export()
             data, batch_sizes, sorted_indices, unsorted_indices = input
             batch = int(batch_sizes[0]) if batch_sizes.numel() else 0
