@@ -439,7 +439,7 @@ def slow(session: nox.Session) -> None:
     env = {}
     if os.environ.get("LLTM_NOX_DISPOSABLE") == "1" and "LLTM_TEST_VENV_CACHE" not in os.environ:
         # Freed with the session rather than kept for the next run.
-        env["LLTM_TEST_VENV_CACHE"] = str(Path(session.create_tmp()) / "test-venvs")
+        env["LLTM_TEST_VENV_CACHE"] = str(Path(session.create_tmp()).resolve() / "test-venvs")
     session.run("pytest", "-m", "slow", *session.posargs, env=env)
 
 
