@@ -1,8 +1,8 @@
 """Build script: the one place that decides which variant of lltm is built.
 
     LLTM_VARIANT=cpu  (default)  ->  distribution ``lltm``: the Python package
-                                     and the CPU library lltm/_C (op schemas +
-                                     CPU kernels).
+                                     and the CPU library lltm/lib/lltm_cpu
+                                     (op schemas + CPU kernels).
     LLTM_VARIANT=cuda            ->  distribution ``lltm-cuda<major>``: the
                                      import package lltm_cuda<major> holding
                                      only the CUDA kernels, named after the
@@ -10,21 +10,96 @@
                                      lltm version.
 
 Both variants are built against the LibTorch stable ABI with
-TORCH_TARGET_VERSION = torch 2.10 and the CPython limited API, so a single
-cp310-abi3 wheel per platform serves every CPython >= 3.10 and torch >= 2.10.
-The choice never depends on torch.cuda.is_available(): build machines have
-no GPU.
+TORCH_TARGET_VERSION = torch 2.10, and their libraries use no CPython API
+(csrc/lltm_library.h; Python loads them with torch.ops.load_library), so a
+single py3-none-<platform> wheel per platform serves every CPython >= 3.10,
+free-threaded 3.14t included, and every torch >= 2.10. The choice never
+depends on torch.cuda.is_available(): build machines have no GPU.
+
+Where pip has no wheel for a platform it builds this from the sdist; what
+such a build cannot do without (an interpreter torch supports, torch >= 2.10,
+a C++17 compiler) is checked first, and a missing piece is named with what
+to install, before any compiler output.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import re
+import shlex
+import shutil
 import subprocess
+import sys
+import tempfile
 import warnings
+from functools import cache
 from pathlib import Path
 
-from setuptools import find_packages, setup
+OLDEST_PYTHON = (3, 10)
+OLDEST_TORCH = (2, 10)
+WHEELS = (
+    "lltm publishes wheels for Linux x86-64 and aarch64 (glibc), macOS arm64 and "
+    "Windows x86-64, CPython >= 3.10 (3.14t included)"
+)
+
+
+def cannot_build(problem: str, fix: str) -> SystemExit:
+    """The error of a source build that cannot work: what is missing, then
+    what to install, first in the output."""
+    return SystemExit(
+        f"lltm: cannot build from source: {problem}.\n  Fix: {fix}\n  ({WHEELS}; pip builds "
+        "from source only where none of them fits.)"
+    )
+
+
+def interpreter_problem() -> str | None:
+    if sys.implementation.name != "cpython":
+        return (
+            f"this is {platform.python_implementation()} {platform.python_version()}; "
+            "torch, and so lltm, exist for CPython only"
+        )
+    if sys.version_info[:2] < OLDEST_PYTHON:
+        return f"this is Python {platform.python_version()}; lltm needs Python >= 3.10"
+    return None
+
+
+def torch_version_problem(version: str) -> str | None:
+    """Why torch `version` (e.g. "2.13.0+cpu") cannot build lltm, or None."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        return f"torch reports the version {version!r}, which is not MAJOR.MINOR..."
+    if (int(match.group(1)), int(match.group(2))) < OLDEST_TORCH:
+        return (
+            f"torch {version} is installed; lltm is built against the LibTorch stable ABI, "
+            "which torch 2.10 introduced"
+        )
+    return None
+
+
+_problem = interpreter_problem()
+if _problem:
+    raise cannot_build(_problem, "use CPython 3.10 or newer, with a torch >= 2.10 built for it")
+
+
+def _torch_version() -> str:
+    # Read without importing torch: a torch too old to build lltm may be
+    # too old to import cleanly here, too.
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        raise cannot_build(
+            "torch is not installed in the build environment (setup.py compiles against it)",
+            "pip install 'torch>=2.10', then build without isolation so that it is used: "
+            "pip install --no-build-isolation lltm",
+        ) from None
+
+
+_problem = torch_version_problem(_torch_version())
+if _problem:
+    raise cannot_build(_problem, "pip install --upgrade 'torch>=2.10'")
 
 with warnings.catch_warnings():
     # Without numpy, importing torch warns "Failed to initialize NumPy". The
@@ -32,7 +107,17 @@ with warnings.catch_warnings():
     # need no numpy: the warning is silenced here, for this message only,
     # rather than numpy added to every build environment to avoid it.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
-    from torch.utils import cpp_extension
+    try:
+        from torch.utils import cpp_extension
+    except ImportError as error:
+        raise cannot_build(
+            f"torch {_torch_version()} is installed but does not import ({error})",
+            "pip install --force-reinstall 'torch>=2.10'",
+        ) from None
+
+from setuptools import Extension, find_packages, setup  # noqa: E402
+from setuptools.command.bdist_wheel import bdist_wheel  # noqa: E402
+from setuptools.command.build import build  # noqa: E402
 
 ROOT = Path(__file__).parent.resolve()
 VERSION_FILE = (ROOT / "src/lltm/_version.py").read_text()
@@ -41,7 +126,9 @@ VARIANT = os.environ.get("LLTM_VARIANT", "cpu").strip().lower()
 
 # Oldest torch the binaries must load in (0xMMmmpp...: 2.10.0).
 TORCH_TARGET_VERSION = "0x020a000000000000"
-PY_LIMITED_API = "0x030A0000"  # CPython 3.10
+# The libraries' file suffix: what the dynamic loader takes (lltm/_native.py
+# looks for the same name).
+LIBRARY_SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 
 # GPUs compiled for when TORCH_CUDA_ARCH_LIST is unset, with the newest
 # toolkit of each CUDA major: Volta/Turing to Blackwell, plus PTX of the
@@ -65,10 +152,7 @@ def default_arch_list(major: int, minor: int) -> str:
     return ";".join([*known[:-1], known[-1] + "+PTX"])
 
 
-MACROS = [
-    ("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION),
-    ("Py_LIMITED_API", PY_LIMITED_API),
-]
+MACROS = [("TORCH_TARGET_VERSION", TORCH_TARGET_VERSION)]
 # C++ flags per compiler family: torch.utils.cpp_extension passes
 # extra_compile_args["cxx"] to whichever compiler builds the extension, and
 # MSVC ignores GCC's spellings (warning D9002). The standard is always given:
@@ -81,7 +165,6 @@ CXX_FLAGS = {
     "msvc": ["/O2", "/std:c++17"],
 }
 BUILD_OPTIONS = {
-    "bdist_wheel": {"py_limited_api": "cp310"},
     # One build tree per variant: a wheel never picks up the other's files.
     "build": {"build_base": f"build/{VARIANT}"},
 }
@@ -97,11 +180,66 @@ CLASSIFIERS = [
 ]
 
 
+# What to install for a C++ compiler, per platform.
+COMPILER_HINTS = {
+    "linux": "install g++ (Debian/Ubuntu: apt-get install g++; Fedora/RHEL: dnf install "
+    "gcc-c++; Alpine: apk add g++), or set CXX to a C++17 compiler",
+    "darwin": "install the Command Line Tools (xcode-select --install), or set CXX",
+    "win32": "install Visual Studio Build Tools with the C++ workload and build from a "
+    "Developer Command Prompt",
+}
+# A C++17 program that needs the standard library's headers too.
+COMPILER_PROBE = "#include <optional>\nint main() { return std::optional<int>(0).value(); }\n"
+
+
+def compiler_problem() -> str | None:
+    """Why the C++ compiler torch's build will use cannot build lltm, or None
+    (checked before anything is compiled; MSVC is found, and its absence
+    reported, by setuptools itself)."""
+    if sys.platform == "win32":
+        return None
+    command = shlex.split(cpp_extension.get_cxx_compiler())
+    if not command or shutil.which(command[0]) is None:
+        return f"no C++ compiler: {' '.join(command) or '(empty CXX)'} is not found"
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "probe.cpp"
+        source.write_text(COMPILER_PROBE)
+        try:
+            result = subprocess.run(
+                [*command, "-std=c++17", "-c", str(source), "-o", str(source.with_suffix(".o"))],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"the C++ compiler {command[0]} does not run ({error})"
+    if result.returncode != 0:
+        first = (result.stderr or result.stdout).strip().splitlines()[:3]
+        said = f": {' / '.join(first)}" if first else ""
+        return f"the C++ compiler {command[0]} cannot compile a C++17 test program{said}"
+    return None
+
+
+@cache  # once per build, whichever command asks first
+def check_compiler() -> None:
+    problem = compiler_problem()
+    if problem:
+        raise cannot_build(problem, COMPILER_HINTS.get(sys.platform, "install a C++17 compiler"))
+
+
+class Build(build):
+    """setuptools' build, checking the compiler before it copies a file."""
+
+    def run(self) -> None:
+        check_compiler()
+        super().run()
+
+
 class BuildExtension(cpp_extension.BuildExtension):
     """torch's BuildExtension, adding the C++ flags of the compiler in use,
-    which is only known once the build runs."""
+    which is only known once the build runs, and building plain libraries
+    (lib/<name>.so or .dll) rather than Python extension modules."""
 
     def build_extensions(self) -> None:
+        check_compiler()  # done already when `build` ran this
         family = "msvc" if self.compiler.compiler_type == "msvc" else "unix"
         for ext in self.extensions:
             args = ext.extra_compile_args
@@ -110,6 +248,38 @@ class BuildExtension(cpp_extension.BuildExtension):
             ext.extra_compile_args = args
         super().build_extensions()
 
+    def get_ext_filename(self, fullname: str) -> str:
+        # lltm.lib.lltm_cpu -> lltm/lib/lltm_cpu.so, with no interpreter tag:
+        # the file is not bound to one Python.
+        return os.path.join(*fullname.split(".")) + LIBRARY_SUFFIX
+
+    def get_export_symbols(self, ext: Extension) -> list[str]:
+        # No PyInit_<name>: the sources mark what they export (LLTM_EXPORT).
+        return []
+
+    def copy_extensions_to_source(self) -> None:
+        # --inplace: lib/ is no package of the source tree, so may not exist.
+        for ext in self.extensions:
+            Path(self.get_ext_fullpath(ext.name)).parent.mkdir(parents=True, exist_ok=True)
+        super().copy_extensions_to_source()
+
+
+class BdistWheel(bdist_wheel):
+    """Tags the wheel py3-none-<platform>: its libraries use no CPython API,
+    so every Python 3 interpreter that torch supports loads them."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, platform_tag = super().get_tag()
+        return "py3", "none", platform_tag
+
+
+def native_library(ext: Extension) -> Extension:
+    """`ext` linked against no Python library: torch's helpers add
+    torch_python (its Python bindings) unless py_limited_api is set, and
+    py_limited_api would add a CPython macro and an .abi3 name."""
+    ext.libraries = [lib for lib in ext.libraries if lib != "torch_python"]
+    return ext
+
 
 def readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
@@ -117,7 +287,7 @@ def readme() -> str:
 
 def cpu_variant() -> dict:
     ext = cpp_extension.CppExtension(
-        "lltm._C",
+        "lltm.lib.lltm_cpu",
         sources=[
             "csrc/lltm_ops.cpp",
             "csrc/cpu/lltm_cpu.cpp",
@@ -126,17 +296,15 @@ def cpu_variant() -> dict:
             "csrc/cpu/module.cpp",
         ],
         define_macros=[*MACROS, ("LLTM_VERSION", VERSION)],
-        py_limited_api=True,
     )
     return dict(
         name="lltm",
         description="The LLTM recurrent cell as a fused, stable-ABI PyTorch operator",
         packages=find_packages("src", include=["lltm", "lltm.*"]),
         package_dir={"": "src"},
-        # py.typed: the annotations are checked (mypy --strict, nox -s lint);
-        # _C.pyi describes the compiled module to type checkers.
-        package_data={"lltm": ["py.typed", "_C.pyi"]},
-        ext_modules=[ext],
+        # py.typed: the annotations are checked (mypy --strict, nox -s lint).
+        package_data={"lltm": ["py.typed"]},
+        ext_modules=[native_library(ext)],
         install_requires=["torch>=2.10"],
         extras_require={
             "cuda": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
@@ -185,7 +353,7 @@ def cuda_variant() -> dict:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_arch_list(major, minor))
     package = f"lltm_cuda{major}"
     ext = cpp_extension.CUDAExtension(
-        f"{package}._C",
+        f"{package}.lib.lltm_cuda",
         sources=[
             "csrc/cuda/lltm_cuda.cu",
             "csrc/cuda/lltm_cuda_sequence_forward.cu",
@@ -209,7 +377,6 @@ def cuda_variant() -> dict:
             # No --use_fast_math: the float64 path must stay IEEE double.
             "nvcc": ["-O3", "-std=c++17", "-lineinfo"],
         },
-        py_limited_api=True,
     )
     # CUDAExtension links c10, torch and c10_cuda too; the plugin calls only
     # the C shims of libtorch_cpu and libtorch_cuda (aoti_torch_cuda_addmm_out,
@@ -221,7 +388,6 @@ def cuda_variant() -> dict:
         description=f"CUDA {major}.x kernels for lltm (install with: pip install lltm[cuda{major}])",
         packages=[package],
         package_dir={package: "src/lltm_cuda"},
-        package_data={package: ["_C.pyi"]},
         ext_modules=[ext],
         install_requires=[f"lltm=={VERSION}"],
     )
@@ -240,7 +406,7 @@ setup(
     url="https://github.com/lltm/lltm",
     python_requires=">=3.10",
     classifiers=CLASSIFIERS,
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build": Build, "build_ext": BuildExtension, "bdist_wheel": BdistWheel},
     options=BUILD_OPTIONS,
     zip_safe=False,
     **VARIANTS[VARIANT](),

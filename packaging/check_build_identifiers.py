@@ -1,6 +1,8 @@
 """Checks the build matrix cibuildwheel derives from the configurations:
-one abi3 wheel per platform for lltm, one Linux x86_64 wheel for the CUDA
-plugin.
+one py3-none wheel per platform for lltm and one Linux x86_64 wheel for the
+CUDA plugin, each built for cp310 and tested again, unchanged, on cp314t
+(cibuildwheel finds the py3-none wheel compatible there and builds nothing:
+packaging/check_wheel_tags.py).
 
     python packaging/check_build_identifiers.py
 
@@ -16,11 +18,11 @@ import subprocess
 from cibw_config import CUDA_CONFIG
 
 EXPECTED = {
-    ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64",
-    ("pyproject.toml", "linux", "aarch64"): "cp310-manylinux_aarch64",
-    ("pyproject.toml", "macos", None): "cp310-macosx_arm64",
-    ("pyproject.toml", "windows", None): "cp310-win_amd64",
-    (CUDA_CONFIG.name, "linux", None): "cp310-manylinux_x86_64",
+    ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64 cp314t-manylinux_x86_64",
+    ("pyproject.toml", "linux", "aarch64"): "cp310-manylinux_aarch64 cp314t-manylinux_aarch64",
+    ("pyproject.toml", "macos", None): "cp310-macosx_arm64 cp314t-macosx_arm64",
+    ("pyproject.toml", "windows", None): "cp310-win_amd64 cp314t-win_amd64",
+    (CUDA_CONFIG.name, "linux", None): "cp310-manylinux_x86_64 cp314t-manylinux_x86_64",
 }
 
 
@@ -34,7 +36,7 @@ def main() -> None:
         if archs:
             args += ["--archs", archs]
         out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-        assert out.split() == [identifier], (args, out)
+        assert out.split() == identifier.split(), (args, out)
         print(f"{config} {platform} {archs or ''}: {identifier}")
 
 

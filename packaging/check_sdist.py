@@ -38,7 +38,8 @@ def check_sdist(archive: Path) -> None:
     }
     required = csrc | test_sources | {
         "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
-        "src/lltm/__init__.py", "src/lltm/py.typed", "src/lltm_cuda/__init__.py",
+        "src/lltm/__init__.py", "src/lltm/_C.py", "src/lltm/py.typed",
+        "src/lltm_cuda/__init__.py", "src/lltm_cuda/_C.py",
     }  # fmt: skip
     missing = sorted(required - members)
     assert not missing, f"the sdist lacks {missing}"

@@ -58,7 +58,9 @@ def check_wheel(wheel: Path, variant: str) -> None:
     """Name, tags and contents of a repaired wheel of ``variant``."""
     name, version, _, tags = parse_wheel_filename(wheel.name)
     assert str(version) == VERSION, wheel.name
-    assert {(t.interpreter, t.abi) for t in tags} == {("cp310", "abi3")}, wheel.name
+    # py3-none: the libraries use no CPython API, so every CPython >= 3.10,
+    # free-threaded 3.14t included, takes the one wheel (check_wheel_tags.py).
+    assert {(t.interpreter, t.abi) for t in tags} == {("py3", "none")}, wheel.name
     assert all(re.fullmatch(r"manylinux_2_\d+_x86_64", t.platform) for t in tags), wheel.name
     with zipfile.ZipFile(wheel) as archive:
         members = archive.namelist()
@@ -69,14 +71,14 @@ def check_wheel(wheel: Path, variant: str) -> None:
     assert not vendored, f"{wheel.name} vendors {vendored}"
     if variant == "cpu":
         assert name == "lltm", wheel.name
-        assert "lltm/_C.abi3.so" in members and "lltm/py.typed" in members, members
+        assert {"lltm/lib/lltm_cpu.so", "lltm/_C.py", "lltm/py.typed"} <= set(members), members
         assert not [m for m in members if m.startswith("lltm_cuda")], members
         assert "Requires-Dist: torch>=2.10" in metadata, metadata
         check_cuda_extras(metadata)
     else:
         assert re.fullmatch(r"lltm-cuda1[23]", name), wheel.name
         package = name.replace("-", "_")
-        assert f"{package}/_C.abi3.so" in members, members
+        assert {f"{package}/lib/lltm_cuda.so", f"{package}/_C.py"} <= set(members), members
         assert not [m for m in members if m.startswith("lltm/")], members
         assert f"Requires-Dist: lltm=={VERSION}" in metadata, metadata
 

@@ -5,7 +5,7 @@ set -euxo pipefail
 
 export MAX_JOBS="${CPU_COUNT:-2}"
 
-# lltm: the Python package and the CPU kernels (lltm/_C).
+# lltm: the Python package and the CPU kernels (lltm/lib/lltm_cpu).
 LLTM_VARIANT=cpu "${PYTHON}" -m pip install . --no-deps --no-build-isolation -vv
 
 if [[ "${LLTM_CUDA}" == "1" ]]; then

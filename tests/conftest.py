@@ -313,6 +313,24 @@ def undefined_symbols(library: Path) -> list[str]:
     return [line.split(None, 1)[1] for line in result.stdout.splitlines() if line.strip()]
 
 
+def needed_libraries(library: Path) -> list[str]:
+    """The shared libraries ``library`` names as dependencies (DT_NEEDED)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads the ELF dynamic section (readelf -d): Linux only")
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (GNU binutils) is not installed: cannot list the dependencies")
+    result = subprocess.run(
+        [readelf, "-d", str(library)], capture_output=True, text=True, check=True, timeout=120
+    )
+    # Lines look like " 0x...01 (NEEDED)  Shared library: [libc10.so]".
+    return [
+        line.rsplit("[", 1)[1].rstrip("]")
+        for line in result.stdout.splitlines()
+        if "(NEEDED)" in line
+    ]
+
+
 def unstable_symbols(symbols: Sequence[str]) -> list[str]:
     """Those of ``symbols`` in torch's unstable C++ ABI (also as template or
     function arguments, e.g. ``foo(c10::IValue)``)."""

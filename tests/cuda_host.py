@@ -10,8 +10,9 @@ CPU shim) compute what the GPU computes. The library built here registers
 them as ``lltm_cuda_host::forward``, ``backward``, ``sequence_forward``,
 ``sequence_backward`` and ``sequence_gate_grads`` for CPU tensors, with the
 schemas of csrc/lltm_ops.cpp (compiled again under that namespace), and
-carries two Python modules: the CUDA plugin's own ``_C``
-(csrc/cuda/module.cpp) and ``emulation``, the controls of the emulated GPU.
+carries the CUDA plugin's own C functions (csrc/cuda/module.cpp, read as
+the plugin's ``_C`` reads them) and a Python module, ``emulation``, the
+controls of the emulated GPU.
 
 :func:`routed` makes lltm's own ops run them: for its duration the CPU
 kernels of ``lltm::forward``, ... are these, registered with the public
@@ -41,6 +42,8 @@ from types import ModuleType
 
 import pytest
 import torch
+
+from lltm import _native
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("forward", "backward", "sequence_forward", "sequence_backward", "sequence_gate_grads")
@@ -98,7 +101,7 @@ def _build() -> Path:
 
 
 def _module(name: str, library: Path) -> ModuleType:
-    """The Python module `name` of the library (it holds two)."""
+    """The Python module `name` of the library."""
     loader = importlib.machinery.ExtensionFileLoader(f"{NAMESPACE}.{name}", str(library))
     spec = importlib.util.spec_from_file_location(loader.name, library, loader=loader)
     module = importlib.util.module_from_spec(spec)
@@ -107,9 +110,10 @@ def _module(name: str, library: Path) -> ModuleType:
 
 
 @cache
-def modules() -> tuple[ModuleType, ModuleType]:
-    """(the plugin's ``_C``, ``emulation``), building the library first;
-    skips the calling test where the host build is not enabled."""
+def modules() -> tuple[_native.CudaLibrary, ModuleType]:
+    """(the plugin's library, read as its ``_C`` module reads it; ``emulation``),
+    building the library first; skips the calling test where the host build
+    is not enabled."""
     if not ENABLED:
         pytest.skip(f"the CUDA sources built for the host run in {WHERE}")
     if not (ROOT / "csrc" / "cuda_host").is_dir():
@@ -123,7 +127,7 @@ def modules() -> tuple[ModuleType, ModuleType]:
     for op in OPS:
         autograd.impl(op, torch.library.fallthrough_kernel, "Autograd")
     _keep.append(autograd)
-    return _module("_C", library), _module("emulation", library)
+    return _native.CudaLibrary(library), _module("emulation", library)
 
 
 # Registrations that last as long as the process.

@@ -1,8 +1,12 @@
-"""The built library targets the stable ABI, so one binary serves torch >= 2.10.
+"""The built library targets the stable ABI, so one binary serves torch >= 2.10,
+and uses no CPython API, so one binary serves every Python.
 
 A binary that references at:: or c10:: symbols is tied to the exact torch it
 was built with ("undefined symbol" after a torch upgrade); one that only uses
-torch's C shim is not. The CPython side is the limited API (abi3).
+torch's C shim is not. A binary that references the CPython API is tied to
+an interpreter ABI (and on free-threaded CPython an extension module that
+does not declare itself GIL-free turns the GIL back on); lltm's is a plain
+library that Python loads with torch.ops.load_library (lltm/_native.py).
 """
 
 from __future__ import annotations
@@ -11,23 +15,29 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
 import torch
-from conftest import undefined_symbols, unstable_symbols
+from conftest import needed_libraries, undefined_symbols, unstable_symbols
 
 import lltm
 from lltm import _C
 
-LIBRARY = Path(_C.__file__)
+LIBRARY = _C.library
 
 
-@pytest.mark.skipif(
-    sys.platform == "win32", reason="abi3 extensions on Windows are plain .pyd files"
-)
-def test_extension_filename_is_abi3():
-    assert LIBRARY.name.split(".")[-2] == "abi3", LIBRARY.name
+def test_library_is_no_extension_module():
+    # lib/lltm_cpu.so: not beside the package's modules, and no interpreter tag.
+    assert LIBRARY.parent.name == "lib" and LIBRARY.stem == "lltm_cpu", LIBRARY
+    assert LIBRARY.suffix == (".dll" if sys.platform == "win32" else ".so"), LIBRARY
+
+
+def test_no_python_symbols():
+    symbols = undefined_symbols(LIBRARY)
+    python = [s for s in symbols if s.startswith(("Py", "_Py"))]
+    assert not python, python
+    # Nor a library that would bring them: libpython, torch's Python bindings.
+    needed = needed_libraries(LIBRARY)
+    assert needed and not [n for n in needed if "python" in n], needed
 
 
 def test_target_version_is_torch_2_10():

@@ -1,13 +1,15 @@
 """Which instruction set the CPU kernels run, and every variant of them.
 
-The kernels are compiled for the baseline ISA, AVX2+FMA and AVX-512 and the
-widest the CPU supports is chosen at the first call; LLTM_CPU_ISA caps the
-choice. The variants compute the same values (AVX2 and AVX-512 even bit for
-bit), so results cannot tell which one ran: lltm._C.cpu_isa() says, and the
-tests here hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity,
-sequence, fused-step and thread suites run again in a subprocess per variant
-below the default one: each set has its own vector width and tile height in
-the sequence kernels' fused steps (lltm_cpu_recurrence.h).
+On x86-64 the kernels are compiled for the baseline ISA, AVX2+FMA and AVX-512
+and the widest the CPU supports is chosen at the first call; on arm64 for the
+baseline and NEON, NEON being every arm64 CPU's. LLTM_CPU_ISA caps the choice.
+The variants compute the same values (AVX2 and AVX-512 even bit for bit), so
+results cannot tell which one ran: lltm._C.cpu_isa() says, and the tests here
+hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity, sequence,
+fused-step and thread suites run again in a subprocess per variant below the
+default one: each set has its own vector width and tile height in the
+sequence kernels' fused steps (lltm_cpu_recurrence.h; on arm64 the baseline's
+tiles are 4 rows of 16-byte vectors, NEON's 6).
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ import lltm
 from lltm import _C
 
 TESTS = Path(__file__).parent
-ORDER = ("baseline", "avx2", "avx512")
-X86_64 = platform.machine().lower() in ("x86_64", "amd64")
-# What the ISA flags of the CPU are named in /proc/cpuinfo.
+MACHINE = platform.machine().lower()
+X86_64 = MACHINE in ("x86_64", "amd64")
+ARM64 = MACHINE in ("aarch64", "arm64")
+# This architecture's sets, narrowest first, as LLTM_CPU_ISA's error lists them.
+if X86_64:
+    ORDER, CHOICES = ("baseline", "avx2", "avx512"), "baseline, avx2 or avx512"
+elif ARM64:
+    ORDER, CHOICES = ("baseline", "neon"), "baseline or neon"
+else:
+    ORDER, CHOICES = ("baseline",), "baseline"
+# What the ISA flags of an x86-64 CPU are named in /proc/cpuinfo.
 NEEDS = {
     "avx2": {"avx2", "fma"},
     "avx512": {"avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq"},
@@ -47,6 +57,8 @@ def _cpu_flags() -> set[str] | None:
 
 def _best() -> str:
     """The widest set of this CPU, found independently of lltm."""
+    if ARM64:
+        return "neon"  # Advanced SIMD is part of every arm64 CPU
     if not X86_64:
         return "baseline"
     flags = _cpu_flags()
@@ -92,7 +104,10 @@ def test_cap_lowers_the_choice_and_info_reports_it(cap):
     assert json.loads(result.stdout) == [_expected(cap)] * 2
 
 
-INVALID = ["avx3", "AVX2", " avx2", "sse2", "avx2,avx512"]
+# Misspellings, and the sets of the other architecture.
+INVALID = ["avx3", "AVX2", " avx2", "sse2", "avx2,avx512", "NEON"] + [
+    isa for isa in ("avx2", "avx512", "neon") if isa not in ORDER
+]
 
 _INVALID_SCRIPT = """
 import json, lltm, torch
@@ -124,8 +139,7 @@ def test_invalid_value_is_an_error_at_every_kernel_call(value):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     message = (
-        f"lltm: LLTM_CPU_ISA={value} is not an instruction set of lltm's CPU kernels; "
-        "use baseline, avx2 or avx512"
+        f"lltm: LLTM_CPU_ISA={value} is not an instruction set of lltm's CPU kernels; use {CHOICES}"
     )
     assert len(report["caught"]) == 5, report
     assert all(m.startswith(message) for m in report["caught"]), report["caught"]
@@ -163,8 +177,8 @@ SUITES = [
 ]
 
 
-@pytest.mark.skipif(not X86_64, reason="the AVX2/AVX-512 variants exist on x86-64 only")
-@pytest.mark.parametrize("isa", ["baseline", "avx2"])
+@pytest.mark.skipif(len(ORDER) < 2, reason="this architecture has one instruction set of lltm's")
+@pytest.mark.parametrize("isa", ORDER[:-1])
 def test_suites_pass_with_every_lower_isa(isa):
     best = _best()
     if ORDER.index(isa) > ORDER.index(best):

@@ -133,11 +133,12 @@ def test_gpu_without_code_runs_the_composite_kernels(tmp_path):
          str(tmp_path / "temp")],
         cwd=ROOT, env=env, check=True, capture_output=True, timeout=1200,
     )  # fmt: skip
-    (plugin,) = build.glob("lltm_cuda*/_C*")
-    package = tmp_path / "site" / plugin.parent.name
-    package.mkdir(parents=True)
-    shutil.copy(plugin, package / plugin.name)
-    shutil.copy(ROOT / "src" / "lltm_cuda" / "__init__.py", package / "__init__.py")
+    (library,) = build.glob("lltm_cuda*/lib/lltm_cuda.*")
+    package = tmp_path / "site" / library.parent.parent.name
+    (package / "lib").mkdir(parents=True)
+    shutil.copy(library, package / "lib" / library.name)
+    for module in ("__init__.py", "_C.py"):
+        shutil.copy(ROOT / "src" / "lltm_cuda" / module, package / module)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package.parent), *sys.path])}
     result = subprocess.run(
         [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600

@@ -2,10 +2,11 @@
 against a float64 loop of the reference cell, at the sizes where their
 structure has edges.
 
-The kernels tile the batch by 8, 4, 2 and 1 rows (a padded last tile), the
-state by vectors of 2 to 16 lanes (panels of up to three vectors, a partial
-last vector), and the forward's k by passes of at most 128 to 512 (float
-AVX-512 to double baseline); they run rows in blocks per thread. The sizes
+The kernels tile the batch by 8, 4, 2 and 1 rows (arm64's NEON set by 6, 3
+and 1; a padded last tile), the state by vectors of 2 to 16 lanes (panels of
+up to three vectors, a partial last vector), and the forward's k by passes of
+at most 128 to 512 (float AVX-512 to double baseline); they run rows in blocks
+per thread. The sizes
 below put a boundary of each inside every instruction set's shapes, and
 tests/test_cpu_isa.py runs this file again under every lower set. Both
 kernels are checked through the operators themselves:
@@ -297,4 +298,4 @@ def test_blocks_of_rows_per_thread_match_one_thread(batch, restore_num_threads):
 def test_the_set_in_use_is_reported():
     # tests/test_cpu_isa.py runs this file under every lower set; the name
     # says which one these results are for.
-    assert _C.cpu_isa() in ("baseline", "avx2", "avx512")
+    assert _C.cpu_isa() in ("baseline", "avx2", "avx512", "neon")

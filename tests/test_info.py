@@ -63,7 +63,7 @@ def _info(tmp_path: Path, *path: Path) -> dict:
 
 
 def _library(package: Path) -> Path:
-    (library,) = package.glob("_C*.so")
+    (library,) = (package / "lib").glob("lltm_cpu.*")
     return library
 
 

@@ -119,8 +119,8 @@ LLTM_ALWAYS_INLINE void forward_tile(const ForwardSteps<T>& a, const T* const* x
 }
 
 // Rows [0, m) of a step, m >= 1, by tiles of kRows; the last tile is the
-// smallest power-of-two height that holds the rows left, padded by
-// repeating the last real row.
+// smallest of kRows, kRows / 2, kRows / 4, ... (8, 4, 2, 1 or NEON's 6, 3,
+// 1) that holds the rows left, padded by repeating the last real row.
 template <typename T, typename Set, int kRows>
 LLTM_ALWAYS_INLINE void forward_rows(const ForwardSteps<T>& a, const T* const* x, const T* const* h,
                                      int64_t m, const T* panel, ForwardTile<T> tile,

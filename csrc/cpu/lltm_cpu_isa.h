@@ -1,13 +1,21 @@
-// Which x86-64 instruction set lltm's CPU kernels run, chosen at run time.
+// Which instruction set lltm's CPU kernels run, chosen at run time.
 //
-// On x86-64 with GCC or Clang the vectorized kernels (lltm_cpu_spans.h,
-// lltm_cpu_recurrence.h) are compiled a second and third time, for AVX2+FMA and
-// for AVX-512, and the widest set the CPU supports is picked once, at the
-// first kernel call. The baseline (SSE2 on x86-64, NEON on arm64) is always
-// there, so the library runs on any CPU of its architecture.
-// LLTM_CPU_ISA=baseline|avx2|avx512 caps the choice, to test or time every
-// variant on one machine; lltm._C.cpu_isa() and `lltm info` name the set in
-// use.
+// Each architecture has a baseline, the code every CPU of it runs (SSE2 on
+// x86-64, NEON on arm64), and wider or better-fitted variants:
+//
+//   x86-64 (GCC or Clang): the vectorized kernels (lltm_cpu_spans.h,
+//     lltm_cpu_recurrence.h) are compiled a second and third time, for
+//     AVX2+FMA and for AVX-512, and the widest set the CPU supports is picked
+//     once, at the first kernel call.
+//   arm64 (GCC or Clang): "neon" compiles the fused sequence steps of
+//     lltm_cpu_recurrence.h with register tiles sized for NEON's 32 vector
+//     registers (the baseline's tiles are the portable ones, sized for
+//     SSE2's 16). NEON is part of every arm64 CPU, so it is always the
+//     default.
+//
+// LLTM_CPU_ISA caps the choice (baseline|avx2|avx512 on x86-64,
+// baseline|neon on arm64), to test or time every variant on one machine;
+// lltm._C.cpu_isa() and `lltm info` name the set in use.
 //
 // Any other value is an error, raised (as a ValueError) by the first kernel
 // call and by lltm._C.cpu_isa(), and again by every call until it is fixed:
@@ -31,6 +39,15 @@
 #define LLTM_X86_DISPATCH 0
 #endif
 
+// arm64's NEON steps are GCC/Clang vector extensions like the others; they
+// need no target attribute: NEON is the architecture's own.
+#if (defined(__aarch64__) || defined(_M_ARM64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(_MSC_VER)
+#define LLTM_ARM64_NEON 1
+#else
+#define LLTM_ARM64_NEON 0
+#endif
+
 // The vectorized loops are written as small functions that must be inlined
 // into the per-instruction-set entry points to be compiled for that set.
 #if defined(__GNUC__) || defined(__clang__)
@@ -41,7 +58,7 @@
 
 namespace lltm::cpu {
 
-enum class Isa { kBaseline, kAvx2, kAvx512 };
+enum class Isa { kBaseline, kAvx2, kAvx512, kNeon };
 
 inline const char* isa_name(Isa isa) {
   switch (isa) {
@@ -49,9 +66,35 @@ inline const char* isa_name(Isa isa) {
       return "avx512";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kNeon:
+      return "neon";
     default:
       return "baseline";
   }
+}
+
+// The sets LLTM_CPU_ISA may name on this architecture, narrowest first (a
+// build without the wider ones still accepts their names: the CPU's best,
+// the baseline there, caps them).
+#if defined(__x86_64__) || defined(_M_X64)
+constexpr Isa kArchitectureIsas[] = {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512};
+constexpr const char* kIsaChoices = "baseline, avx2 or avx512";
+#elif defined(__aarch64__) || defined(_M_ARM64)
+constexpr Isa kArchitectureIsas[] = {Isa::kBaseline, Isa::kNeon};
+constexpr const char* kIsaChoices = "baseline or neon";
+#else
+constexpr Isa kArchitectureIsas[] = {Isa::kBaseline};
+constexpr const char* kIsaChoices = "baseline";
+#endif
+
+// Position of `isa` in kArchitectureIsas: what "wider" means.
+inline int isa_rank(Isa isa) {
+  int rank = 0;
+  for (Isa known : kArchitectureIsas) {
+    if (known == isa) return rank;
+    ++rank;
+  }
+  return 0;
 }
 
 // The widest set this CPU supports.
@@ -65,6 +108,8 @@ inline Isa best_isa() {
       __builtin_cpu_supports("avx512dq")) {
     best = Isa::kAvx512;
   }
+#elif LLTM_ARM64_NEON
+  best = Isa::kNeon;
 #endif
   return best;
 }
@@ -75,12 +120,14 @@ inline Isa detect_isa() {
   const Isa best = best_isa();
   const char* requested = std::getenv("LLTM_CPU_ISA");
   if (requested == nullptr || requested[0] == '\0') return best;
-  for (Isa cap : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512}) {
-    if (std::strcmp(requested, isa_name(cap)) == 0) return cap < best ? cap : best;
+  for (Isa cap : kArchitectureIsas) {
+    if (std::strcmp(requested, isa_name(cap)) == 0) {
+      return isa_rank(cap) < isa_rank(best) ? cap : best;
+    }
   }
   throw std::invalid_argument(std::string("lltm: LLTM_CPU_ISA=") + requested +
-                              " is not an instruction set of lltm's CPU kernels; use baseline, "
-                              "avx2 or avx512, or unset it for the widest this CPU supports");
+                              " is not an instruction set of lltm's CPU kernels; use " +
+                              kIsaChoices + ", or unset it for the widest this CPU supports");
 }
 
 // The set in use, chosen at the first call. Throws std::invalid_argument

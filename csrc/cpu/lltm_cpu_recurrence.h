@@ -30,9 +30,10 @@
 //
 // Instruction sets (lltm_cpu_isa.h): one source, compiled per set through a
 // small struct of the set's vector width, tile height and target attribute
-// (BaselineSet, Avx2Set, Avx512Set below): AVX-512 (64-byte vectors, 8-row
-// tiles), AVX2+FMA (32 bytes, 4 rows) and the baseline (16 bytes, 4 rows:
-// SSE2 on x86-64, NEON on arm64, whatever 16-byte vectors the compiler
+// (BaselineSet, Avx2Set, Avx512Set, NeonSet below): AVX-512 (64-byte vectors,
+// 8-row tiles), AVX2+FMA (32 bytes, 4 rows), NEON on arm64 (16 bytes, 6
+// rows) and the baseline (16 bytes, 4 rows: SSE2 on x86-64, NEON under
+// LLTM_CPU_ISA=baseline on arm64, whatever 16-byte vectors the compiler
 // lowers to elsewhere). Another set is one more such struct and one more
 // case in recurrent_kernels(). The vectors are GCC/Clang vector extensions
 // (lltm_cpu_simd.h); other compilers (MSVC) get no kernels here, and the
@@ -40,7 +41,10 @@
 //
 // The pointwise math is the cell's (lltm_cpu_math.h, formula for formula),
 // and every product sums over k in the same order whatever the vector
-// width, so AVX2 and AVX-512 give the same bits.
+// width, so AVX2 and AVX-512 give the same bits. So should arm64's baseline
+// and NEON, by the same argument (both contract a * b + c into one FMA, and
+// the tile height changes which rows run together, never a row's
+// arithmetic), though no test has compared them on an arm64 CPU yet.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +70,10 @@ namespace lltm::cpu {
 template <typename T>
 struct RecurrentKernels {
   int64_t lanes;
+  // Threads take the batch in blocks of this many rows (or multiples): whole
+  // register tiles, at least 8 rows (the blocks the x86-64 sets were
+  // measured with; 12 for NEON's 6-row tiles).
+  int64_t block_rows;
   void (*forward)(const ForwardSteps<T>&, int64_t first, int64_t last);
   void (*backward)(const BackwardSteps<T>&, int64_t first, int64_t last, double* bias_sums);
 };
@@ -121,10 +129,32 @@ struct Avx512Set {
 };
 #endif  // LLTM_X86_DISPATCH
 
+#if LLTM_ARM64_NEON
+// NEON's 32 registers of 16 bytes (the baseline's tiles are sized for
+// SSE2's 16): a forward tile of 6 rows holds 18 accumulators, 3 vectors of
+// the panel's row and the 6 values of x or h broadcast from its rows; 8 rows
+// (24 accumulators) would leave too few for those. No target attribute:
+// NEON, and FMA with it, is every arm64 CPU's.
+struct NeonSet {
+  static constexpr int kBytes = 16;
+  static constexpr int kRows = 6;
+  template <typename T>
+  static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
+    forward_block<T, NeonSet>(a, first, last);
+  }
+  template <typename T>
+  static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last, double* bias) {
+    backward_block<T, NeonSet>(a, first, last, bias);
+  }
+};
+#endif  // LLTM_ARM64_NEON
+
 template <typename Set, typename T>
 const RecurrentKernels<T>* kernels_of() {
+  constexpr int64_t kBlockRows = (8 + Set::kRows - 1) / Set::kRows * Set::kRows;
   static const RecurrentKernels<T> kernels{Set::kBytes / static_cast<int64_t>(sizeof(T)),
-                                           &Set::template forward<T>, &Set::template backward<T>};
+                                           kBlockRows, &Set::template forward<T>,
+                                           &Set::template backward<T>};
   return &kernels;
 }
 
@@ -143,6 +173,10 @@ const RecurrentKernels<T>* recurrent_kernels() {
         return kernels_of<Avx512Set, T>();
       case Isa::kAvx2:
         return kernels_of<Avx2Set, T>();
+#endif
+#if LLTM_ARM64_NEON
+      case Isa::kNeon:
+        return kernels_of<NeonSet, T>();
 #endif
       default:
         return kernels_of<BaselineSet, T>();

@@ -78,15 +78,15 @@ struct RowBlocks {
   }
 };
 
-// Blocks of whole register tiles, as many as threads when the sequence's
-// recurrent products (`work` multiply-adds) are worth splitting.
-inline RowBlocks split_rows(int64_t batch, int64_t work) {
-  constexpr int64_t kTileRows = 8;  // a multiple of every fused kernel's tile height
+// Blocks of `block_rows` rows or multiples (whole register tiles of the
+// kernels in use: RecurrentKernels::block_rows), as many as threads when the
+// sequence's recurrent products (`work` multiply-adds) are worth splitting.
+inline RowBlocks split_rows(int64_t batch, int64_t work, int64_t block_rows) {
   const int64_t threads = torch::stable::get_num_threads();
-  const int64_t tiles = (batch + kTileRows - 1) / kTileRows;
-  if (threads < 2 || tiles < 2 || work < kMinParallelProduct) return {1, batch};
-  const int64_t count = std::min(threads, tiles);
-  return {count, (tiles + count - 1) / count * kTileRows};
+  const int64_t units = (batch + block_rows - 1) / block_rows;
+  if (threads < 2 || units < 2 || work < kMinParallelProduct) return {1, batch};
+  const int64_t count = std::min(threads, units);
+  return {count, (units + count - 1) / count * block_rows};
 }
 
 // The steps in the order they run, for the fused kernels.

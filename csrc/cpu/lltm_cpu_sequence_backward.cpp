@@ -74,7 +74,7 @@ void fused_backward_steps(const RecurrentKernels<T>& kernels, const SequenceSize
                          &panels,
                          want_old_h};
   if (grad_output.has_value()) steps.dy = sequence_rows<const T>(*grad_output, n);
-  const RowBlocks blocks = split_rows(n.batch, n.rows * 3 * S * S);
+  const RowBlocks blocks = split_rows(n.batch, n.rows * 3 * S * S, kernels.block_rows);
   // grad_bias: each block's column sums in double, added up at the end.
   std::vector<double> sums(grad_bias != nullptr ? blocks.count * 3 * S : 0, 0.0);
   blocks.run(n.batch, [&](int64_t block, int64_t first, int64_t last) {

@@ -56,7 +56,8 @@ void fused_forward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes
                               static_cast<T*>(output.data_ptr()),
                               static_cast<T*>(cells.data_ptr()),
                               &panels};
-  const RowBlocks blocks = split_rows(n.batch, n.rows * (S + n.features) * 3 * S);
+  const RowBlocks blocks =
+      split_rows(n.batch, n.rows * (S + n.features) * 3 * S, kernels.block_rows);
   blocks.run(n.batch,
              [&](int64_t, int64_t first, int64_t last) { kernels.forward(steps, first, last); });
 }

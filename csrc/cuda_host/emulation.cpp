@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "../cuda/lltm_cuda_launch.cuh"
-#include "../python_module.h"
 #include "lltm_cuda_host.h"
+#include "python_module.h"
 
 #ifndef LLTM_CUDA_HOST
 #error "emulation.cpp belongs to the host build (LLTM_CUDA_HOST)"

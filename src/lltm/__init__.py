@@ -13,9 +13,10 @@ from pathlib import Path as _Path
 from . import _integrity
 from ._version import __version__
 
-# Before lltm/_C is loaded: a damaged copy could crash the interpreter.
-_library = _integrity.extension_file(_Path(__file__).parent)
-_damage = _library and _integrity.damage(_library, "lltm")
+# Before lltm's library is loaded (lltm/_C.py): a damaged copy could crash the
+# interpreter.
+_library = _integrity.library_file(_Path(__file__).parent, "lltm_cpu")
+_damage = _library and _integrity.damage(_library, _Path(__file__).parent, "lltm")
 if _damage:
     raise ImportError(
         f"lltm: the installed library {_library} is damaged ({_damage}). Reinstall it: "

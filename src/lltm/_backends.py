@@ -114,8 +114,9 @@ def plugin_damage(name: str) -> str | None:
     locations = spec.submodule_search_locations if spec is not None else None
     if not locations:
         return None
-    library = _integrity.extension_file(Path(next(iter(locations))))
-    return _integrity.damage(library, name.replace("_", "-")) if library else None
+    package_dir = Path(next(iter(locations)))
+    library = _integrity.library_file(package_dir, "lltm_cuda")
+    return _integrity.damage(library, package_dir, name.replace("_", "-")) if library else None
 
 
 def _load_plugin(name: str) -> PluginStatus:
@@ -185,6 +186,9 @@ def has_native_kernel(device_type: str, op: str = "lltm::forward") -> bool:
 
 # Per CUDA device: "" when the plugin's kernels run there, else why not.
 _device_problems: dict[int, str] = {}
+# Held while a device is probed: the first thread to ask about a device
+# probes it, the others wait for its answer (with or without a GIL).
+_probe_lock = threading.Lock()
 
 
 def device_problem(index: int) -> str:
@@ -192,24 +196,27 @@ def device_problem(index: int) -> str:
 
     No code for its architecture, compiled or as PTX the driver can JIT. Asked
     of the plugin until it can tell, then remembered; creates that device's
-    context (and no other).
+    context (and no other). Safe from any thread: one probe and at most one
+    warning per device.
     """
     known = _device_problems.get(index)
     if known is not None:
         return known
-    native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
-    probe = getattr(native, "kernel_image_problem", None)
-    try:
-        problem = probe(index) if probe is not None else ""
-    except RuntimeError:
-        # The probe could not tell now (no memory for the context, the device
-        # busy): nothing is remembered, and the fused kernels run, reporting
-        # their own error should the device stay unusable.
-        return ""
-    with _warn_lock:
-        first = index not in _device_problems
+    with _probe_lock:
+        known = _device_problems.get(index)
+        if known is not None:
+            return known  # another thread probed it meanwhile
+        native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
+        probe = getattr(native, "kernel_image_problem", None)
+        try:
+            problem = probe(index) if probe is not None else ""
+        except RuntimeError:
+            # The probe could not tell now (no memory for the context, the
+            # device busy): nothing is remembered, and the fused kernels run,
+            # reporting their own error should the device stay unusable.
+            return ""
         _device_problems[index] = problem
-    if problem and first:
+    if problem:
         archs = getattr(native, "cuda_archs", "?").replace("/", ";")
         warnings.warn(
             f"lltm: {PLUGIN.module} cannot run on cuda:{index}: {problem}; CUDA tensors on "

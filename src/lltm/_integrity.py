@@ -3,14 +3,14 @@
 A library cut short (an interrupted copy, a full disk) can pass the dynamic
 loader's header checks and then crash the interpreter with SIGBUS when the
 loader touches pages past the end of the file; no Python exception can catch
-that. So before lltm loads a compiled library (its own ``lltm/_C`` and the
-CUDA plugin's) it compares the file with the distribution's RECORD, which
+that. So before lltm loads a compiled library (its own ``lltm/lib/lltm_cpu``
+and the CUDA plugin's) it compares the file with the distribution's RECORD, which
 holds each installed file's size and sha256: a mismatch is reported as what
 it is, a damaged install, with the command that repairs it.
 
 Libraries no installer recorded (a source checkout, an editable install, a
 conda package without RECORD) are not checked. The check reads the file once:
-about 4 ms for lltm/_C (4.4 MB) on a 2-core x86-64 machine (AMD EPYC), a
+about 4 ms for lltm's library (4.4 MB) on a 2-core x86-64 machine (AMD EPYC), a
 truncated file 0.3 ms, against the seconds `import torch` takes.
 """
 
@@ -19,19 +19,18 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
-import importlib.machinery
 from pathlib import Path
 
+from . import _native
 
-def _recorded(library: Path, distribution: str) -> tuple[str, int] | None:
+
+def _recorded(library: Path, site: Path, distribution: str) -> tuple[str, int] | None:
     """(sha256 digest as RECORD writes it, size) of ``library``, or None.
 
-    Read from the RECORD of an installed ``distribution`` beside its package.
+    Read from the RECORD of ``distribution`` installed in the directory ``site``.
     """
-    package_dir = library.parent
-    site = package_dir.parent
     name = distribution.replace("-", "_")
-    relative = f"{package_dir.name}/{library.name}"
+    relative = library.relative_to(site).as_posix()
     for record in site.glob(f"{name}-*.dist-info/RECORD"):
         try:
             with record.open(newline="", encoding="utf-8") as lines:
@@ -43,21 +42,19 @@ def _recorded(library: Path, distribution: str) -> tuple[str, int] | None:
     return None
 
 
-def extension_file(package_dir: Path, stem: str = "_C") -> Path | None:
-    """The compiled module `stem` of a package directory, without importing it."""
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = package_dir / f"{stem}{suffix}"
-        if candidate.is_file():
-            return candidate
-    return None
+def library_file(package_dir: Path, name: str) -> Path | None:
+    """The library `name` of a package directory (lltm/_native.py), if there."""
+    library = _native.library_file(package_dir, name)
+    return library if library.is_file() else None
 
 
-def damage(library: Path, distribution: str) -> str | None:
+def damage(library: Path, package_dir: Path, distribution: str) -> str | None:
     """How ``library`` differs from what the installer of ``distribution`` recorded.
 
-    None where it matches, or where nothing recorded it.
+    ``library`` is a file of the package at ``package_dir``. None where it
+    matches, or where nothing recorded it.
     """
-    recorded = _recorded(library, distribution)
+    recorded = _recorded(library, package_dir.parent, distribution)
     if recorded is None:
         return None
     digest, size = recorded

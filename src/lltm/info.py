@@ -53,7 +53,7 @@ def provenance() -> dict[str, Any]:
     since the wheel installed it never gets this far: lltm/_integrity.py
     refuses to load it.)
     """
-    library = Path(_C.__file__).resolve()
+    library = _C.library.resolve()
     built_from = getattr(_C, "lltm_version", None)
     problems: list[str] = []
     dist = _installed_distribution()

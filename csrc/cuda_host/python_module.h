@@ -1,16 +1,11 @@
-// A Python extension module: importing it loads the shared library, whose
-// static initialisers register lltm's operators with torch.
-//
-// Plain CPython limited API (no pybind11) so that one cp310-abi3 binary serves
-// every CPython >= 3.10. The module carries a few build facts as constants
-// and, for the CUDA plugin, a function or two of diagnostics.
+// A Python extension module inside the host build's library (test-only:
+// emulation.cpp, the controls of the emulated GPU). lltm's own libraries have
+// no Python module (csrc/lltm_library.h).
 #pragma once
 
 #include <Python.h>
-#include <torch/csrc/stable/version.h>
 
-#define LLTM_STRINGIFY_(x) #x
-#define LLTM_STRINGIFY(x) LLTM_STRINGIFY_(x)
+#include "../lltm_library.h"
 
 // Defines PyInit_<name> for a module with the functions of `methods` (a
 // PyMethodDef table, or nullptr) and the constants that add_constants(module)

@@ -1,0 +1,114 @@
+"""How lltm loads its compiled libraries and reads what they export.
+
+lltm's libraries (``lltm/lib/lltm_cpu``, and the CUDA plugin's
+``lltm_cuda<major>/lib/lltm_cuda``) are plain shared libraries, not Python
+extension modules: they use no CPython API (csrc/lltm_library.h). One file
+therefore serves every interpreter, CPython 3.10 to 3.14, the free-threaded
+3.14t (where importing an extension module that does not declare itself
+GIL-free would turn the GIL back on) and those to come, and the wheels are
+tagged ``py3-none-<platform>``.
+
+Loading a library with ``torch.ops.load_library`` runs its static
+initialisers, which register lltm's operators with torch. The few facts and
+diagnostics it exports are C functions, called through ctypes, which
+releases the GIL (where there is one) for the duration of each call. Loading
+happens when the modules ``lltm._C`` and ``lltm_cuda<major>._C`` are imported,
+under the import system's lock, so it happens once whatever the threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Where a package keeps its library, and the library's file name: not an
+# importable name (a .so beside the package's modules would be taken for an
+# extension module by tools that walk the package).
+LIBRARY_DIR = "lib"
+SUFFIX = ".dll" if sys.platform == "win32" else ".so"
+# Room for a string a library writes into a caller's buffer: its longest, an
+# error message naming an environment variable's value, is far shorter.
+_BUFFER_SIZE = 4096
+
+
+def library_file(package_dir: Path, name: str) -> Path:
+    """Where the library `name` of the package at `package_dir` is (it may be missing)."""
+    return package_dir / LIBRARY_DIR / f"{name}{SUFFIX}"
+
+
+class Library:
+    """A loaded lltm library whose C functions are named ``<prefix>_<name>``."""
+
+    def __init__(self, path: Path, prefix: str) -> None:
+        # The operators register here, as torch.ops.load_library records.
+        torch.ops.load_library(str(path))
+        self.path = path
+        self._prefix = prefix
+        self._handle = ctypes.CDLL(str(path))  # the same library, already loaded
+
+    def _function(self, name: str, restype: Any, *argtypes: Any) -> Callable[..., Any]:
+        # A new function object per call site, its signature set before any
+        # thread can see it: nothing shared is mutated after loading.
+        function = self._handle[f"{self._prefix}_{name}"]
+        function.restype = restype
+        function.argtypes = list(argtypes)
+        return function
+
+    def text(self, name: str) -> str:
+        """The constant string that ``const char* <prefix>_<name>(void)`` returns."""
+        value: bytes = self._function(name, ctypes.c_char_p)()
+        return value.decode()
+
+    def reporter(self, name: str, *argtypes: Any) -> Callable[..., tuple[bool, str]]:
+        """A reporting C function as a Python function.
+
+        ``int <prefix>_<name>(args..., char* out, size_t size)`` becomes a
+        function of args returning (succeeded, text).
+        """
+        function = self._function(name, ctypes.c_int, *argtypes, ctypes.c_char_p, ctypes.c_size_t)
+
+        def call(*args: object) -> tuple[bool, str]:
+            out = ctypes.create_string_buffer(_BUFFER_SIZE)
+            failed = function(*args, out, _BUFFER_SIZE)
+            return failed == 0, out.value.decode(errors="replace")
+
+        return call
+
+
+class CpuLibrary(Library):
+    """lltm's CPU library: the op schemas and the CPU kernels (csrc/cpu/module.cpp)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "lltm_cpu")
+        self.lltm_version = self.text("lltm_version")
+        self.torch_target_version = self.text("torch_target_version")
+        self._cpu_isa = self.reporter("isa")
+
+    def cpu_isa(self) -> str:
+        ok, text = self._cpu_isa()
+        if not ok:
+            raise ValueError(text)
+        return text
+
+
+class CudaLibrary(Library):
+    """The CUDA plugin's library: the CUDA kernels (csrc/cuda/module.cpp)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "lltm_cuda")
+        self.lltm_version = self.text("lltm_version")
+        self.torch_target_version = self.text("torch_target_version")
+        self.cuda_version = self.text("runtime_version")
+        self.cuda_archs = self.text("archs")
+        self._kernel_image_problem = self.reporter("kernel_image_problem", ctypes.c_int)
+
+    def kernel_image_problem(self, device: int) -> str:
+        ok, text = self._kernel_image_problem(int(device))
+        if not ok:
+            raise RuntimeError(text)
+        return text

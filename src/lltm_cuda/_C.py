@@ -1,0 +1,34 @@
+"""The CUDA plugin's library, loaded.
+
+Importing this module registers lltm's CUDA kernels with torch (for the op
+schemas lltm._C declares). The library is ``lib/lltm_cuda.so`` beside this
+module, a plain shared library with no CPython API (see lltm/_native.py); this
+module holds what it says of itself, and its probe of a GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lltm import _native
+
+_library = _native.CudaLibrary(_native.library_file(Path(__file__).parent, "lltm_cuda"))
+
+library: Path = _library.path
+"""The library file."""
+lltm_version: str = _library.lltm_version
+"""The lltm version the kernels were built from."""
+torch_target_version: str = _library.torch_target_version
+"""TORCH_TARGET_VERSION of the build: the oldest torch it loads in."""
+cuda_version: str = _library.cuda_version
+"""CUDA runtime version the kernels were compiled with, e.g. ``"13.0"``."""
+cuda_archs: str = _library.cuda_archs
+"""TORCH_CUDA_ARCH_LIST of the build, ``/`` between entries (``7.5/.../12.0+PTX``)."""
+
+
+def kernel_image_problem(device: int) -> str:
+    """Why the kernels cannot run on CUDA device ``device``, or "" when they can.
+
+    RuntimeError where that cannot be told now. Creates that device's context.
+    """
+    return _library.kernel_image_problem(device)
