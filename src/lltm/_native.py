@@ -42,7 +42,11 @@ def library_file(package_dir: Path, name: str) -> Path:
 
 
 class Library:
-    """A loaded lltm library whose C functions are named ``<prefix>_<name>``."""
+    """A loaded lltm library whose C functions are named ``<prefix>_<name>``.
+
+    Every lltm library says which lltm it was built from and the oldest torch
+    it loads in (its TORCH_TARGET_VERSION).
+    """
 
     def __init__(self, path: Path, prefix: str) -> None:
         # The operators register here, as torch.ops.load_library records.
@@ -50,6 +54,8 @@ class Library:
         self.path = path
         self._prefix = prefix
         self._handle = ctypes.CDLL(str(path))  # the same library, already loaded
+        self.lltm_version = self.text("lltm_version")
+        self.torch_target_version = self.text("torch_target_version")
 
     def _function(self, name: str, restype: Any, *argtypes: Any) -> Callable[..., Any]:
         # A new function object per call site, its signature set before any
@@ -85,8 +91,6 @@ class CpuLibrary(Library):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, "lltm_cpu")
-        self.lltm_version = self.text("lltm_version")
-        self.torch_target_version = self.text("torch_target_version")
         self._cpu_isa = self.reporter("isa")
 
     def cpu_isa(self) -> str:
@@ -101,8 +105,6 @@ class CudaLibrary(Library):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, "lltm_cuda")
-        self.lltm_version = self.text("lltm_version")
-        self.torch_target_version = self.text("torch_target_version")
         self.cuda_version = self.text("runtime_version")
         self.cuda_archs = self.text("archs")
         self._kernel_image_problem = self.reporter("kernel_image_problem", ctypes.c_int)
