@@ -154,10 +154,11 @@ NEON_FUNCTIONS = [
     ("forward_span_baseline<double>", "2d"),
     ("backward_span_baseline<float>", "4s"),
     ("backward_span_baseline<double>", "2d"),
-    ("NeonSet::forward<float>", "4s"),
-    ("NeonSet::forward<double>", "2d"),
-    ("NeonSet::backward<float>", "4s"),
-    ("NeonSet::backward<double>", "2d"),
+    # NeonSet, lltm_cpu_recurrence.h's name for the set of 6-row tiles
+    ("PortableSet<16, 6>::forward<float>", "4s"),
+    ("PortableSet<16, 6>::forward<double>", "2d"),
+    ("PortableSet<16, 6>::backward<float>", "4s"),
+    ("PortableSet<16, 6>::backward<double>", "2d"),
 ]
 COMPILERS = {
     "gcc": ["aarch64-linux-gnu-g++"],

@@ -86,18 +86,23 @@ struct RecurrentKernels {
 // many accumulators as leave registers for the operands) and the target
 // attribute of its two entry points, into which everything above inlines.
 
-struct BaselineSet {
-  static constexpr int kBytes = 16;
-  static constexpr int kRows = 4;
+// The sets that need no target attribute: the architecture's baseline
+// compiles them.
+template <int Bytes, int Rows>
+struct PortableSet {
+  static constexpr int kBytes = Bytes;
+  static constexpr int kRows = Rows;
   template <typename T>
   static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, BaselineSet>(a, first, last);
+    forward_block<T, PortableSet>(a, first, last);
   }
   template <typename T>
   static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last, double* bias) {
-    backward_block<T, BaselineSet>(a, first, last, bias);
+    backward_block<T, PortableSet>(a, first, last, bias);
   }
 };
+
+using BaselineSet = PortableSet<16, 4>;
 
 #if LLTM_X86_DISPATCH
 struct Avx2Set {
@@ -135,18 +140,7 @@ struct Avx512Set {
 // the panel's row and the 6 values of x or h broadcast from its rows; 8 rows
 // (24 accumulators) would leave too few for those. No target attribute:
 // NEON, and FMA with it, is every arm64 CPU's.
-struct NeonSet {
-  static constexpr int kBytes = 16;
-  static constexpr int kRows = 6;
-  template <typename T>
-  static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, NeonSet>(a, first, last);
-  }
-  template <typename T>
-  static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last, double* bias) {
-    backward_block<T, NeonSet>(a, first, last, bias);
-  }
-};
+using NeonSet = PortableSet<16, 6>;
 #endif  // LLTM_ARM64_NEON
 
 template <typename Set, typename T>
