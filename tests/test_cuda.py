@@ -341,7 +341,8 @@ def test_arguments_on_different_devices_are_rejected(position):
 def test_non_tensor_argument():
     args = make_inputs(2, 3, 4, device="cuda")
     args[2] = args[2].tolist()
-    with pytest.raises(TypeError, match=r"^lltm: bias must be a Tensor, got list$"):
+    # bias is optional: its message says None is allowed too.
+    with pytest.raises(TypeError, match=r"^lltm: bias must be a Tensor or None, got list$"):
         lltm.lltm_cell(*args)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_inputs, run_cell
+from conftest import TORCH, make_inputs, run_cell
 
 import lltm
 from lltm import _backends, _composite, reference
@@ -54,7 +54,7 @@ _SWEEP = textwrap.dedent(
     import sys, torch
     sys.path[:0] = {paths!r}
     import lltm
-    from conftest import make_inputs, run_cell
+    from conftest import TORCH, make_inputs, run_cell
     from lltm import reference
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         for shape in {shapes!r}:
@@ -100,9 +100,33 @@ def test_broadcast_gradients_column_major_weights_transposed_input(dtype):
     ref = [t.detach().cpu().double().requires_grad_() for t in inputs]
     ref_h, ref_cell = reference.lltm_cell(*ref)
     expected = torch.autograd.grad(ref_h.sum() + ref_cell.sum(), ref)
+    if dtype.is_floating_point and torch.finfo(dtype).bits == 16:
+        # The weights' gradient sums batch rows of 16-bit factors: a few of its
+        # entries land past TOL in the tutorial's own computation too. The
+        # bound is then the error that computation makes, in the same dtype
+        # on the same device, with the same layouts.
+        same = [t.detach().requires_grad_() for t in arranged]
+        same_h, same_cell = reference.lltm_cell(*same)
+        same_grads = torch.autograd.grad(same_h.sum() + same_cell.sum(), same)
+        _no_worse_than_reference(new_h, same_h, ref_h, dtype, "new_h")
+        for i, (g, r, e) in enumerate(zip(grads, same_grads, expected, strict=True)):
+            _no_worse_than_reference(g, r, e, dtype, f"grad {i}")
+        return
     _close(new_h, ref_h.detach(), dtype, "new_h")
     for i, (g, e) in enumerate(zip(grads, expected, strict=True)):
         _close(g, e, dtype, f"grad {i}")
+
+
+def _no_worse_than_reference(actual, same_dtype_reference, oracle, dtype, name):
+    """|actual - oracle| within TOL or twice the same-dtype reference's own error."""
+    oracle = oracle.detach().double().cpu()
+    error = (actual.detach().double().cpu() - oracle).abs().max().item()
+    reference_error = (same_dtype_reference.detach().double().cpu() - oracle).abs().max().item()
+    scale = max(1.0, oracle.pow(2).mean().sqrt().item() if oracle.numel() else 0.0)
+    bound = max(TOL[dtype] * scale, 2 * reference_error)
+    assert error <= bound, (
+        f"{name}: lltm is off by {error:.3g}, the reference in {dtype} by {reference_error:.3g}"
+    )
 
 
 # --- Devices and streams ---------------------------------------------------------------
@@ -180,9 +204,15 @@ def test_graphed_module_trains_like_eager():
     eager = lltm.LLTM(12, 32).cuda()
     eager.load_state_dict(module.state_dict())
     x, h, c = (torch.randn(8, n, device="cuda", requires_grad=True) for n in (12, 32, 32))
-    graphed = torch.cuda.make_graphed_callables(module, ((x, (h, c)),))
+    # One callable: its sample arguments are the call's own, (x, (h, c)).
+    graphed = torch.cuda.make_graphed_callables(module, (x, (h, c)))
     for step in range(3):
-        inputs = [torch.randn_like(t) for t in (x, h, c)]
+        # Each step from no gradient, as torch's graphed training loops run:
+        # the graphed backward returns its static buffers, which a .grad left
+        # in place would alias at the next replay (any module's, not only lltm's).
+        module.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+        inputs = [torch.randn_like(t).requires_grad_() for t in (x, h, c)]
         outs = graphed(inputs[0], (inputs[1], inputs[2]))
         ref = eager(inputs[0], (inputs[1], inputs[2]))
         sum(o.sum() for o in outs).backward()
@@ -280,16 +310,26 @@ def test_gradcheck_float64_cell_and_sequence():
     assert torch.autograd.gradcheck(sequence, seq_inputs)
 
 
-def test_out_of_memory_is_torch_out_of_memory_error():
+def test_out_of_memory_is_torch_out_of_memory_error(capfd):
     # Broadcast inputs cost nothing; the outputs would not fit on any GPU.
     batch = 2**36
     x = torch.zeros(1, 3, device="cuda").expand(batch, 3)
     h = torch.zeros(1, 4, device="cuda").expand(batch, 4)
     weights, bias = torch.zeros(12, 7, device="cuda"), torch.zeros(12, device="cuda")
-    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
-        lltm.lltm_cell(x, weights, bias, h, h)
-    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
-        lltm.lltm_sequence(x[None], weights, bias, h, h)
+    for call in (
+        lambda: lltm.lltm_cell(x, weights, bias, h, h),
+        lambda: lltm.lltm_sequence(x[None], weights, bias, h, h),
+    ):
+        if TORCH >= (2, 13):
+            # torch_exception_get_what_without_backtrace (2.13) hands torch's
+            # message over, and the Python layer gives it its type.
+            with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+                call()
+        else:
+            # Before 2.13 the shim only prints it (tests/test_torch_errors.py).
+            with pytest.raises(RuntimeError, match=r"printed the reason to stderr$"):
+                call()
+            assert "out of memory" in capfd.readouterr().err
     # The device is still usable afterwards.
     inputs = make_inputs(3, 5, 8, dtype=torch.float32, device="cuda")
     out, _ = run_cell(lltm.lltm_cell, inputs)

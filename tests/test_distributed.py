@@ -101,11 +101,14 @@ def _train_part(rank: int, wrapper: str) -> tuple[dict[str, Tensor], weakref.ref
     if wrapper == "ddp":
         trained: nn.Module = nn.parallel.DistributedDataParallel(model)
     else:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # A CPU mesh, named: with no mesh FSDP2 takes the GPU where there is one.
+        mesh = init_device_mesh("cpu", (WORLD,))
         for module in (model.sequence, model.cell, model.head):
-            fully_shard(module)
-        trained = fully_shard(model)
+            fully_shard(module, mesh=mesh)
+        trained = fully_shard(model, mesh=mesh)
     x, y = global_batch()
     part = GLOBAL_BATCH // WORLD
     rows = slice(rank * part, (rank + 1) * part)

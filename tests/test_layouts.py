@@ -265,11 +265,17 @@ def test_misaligned_arguments_give_the_results_of_aligned_ones(dtype, device, ke
     # would cost every call a copy, to make a test bit-exact), and BLAS
     # libraries (cuBLAS, MKL) choose their kernels, and with them the order
     # of the batch's sum, by alignment: it is within that sum's rounding.
+    # On a GPU the forward's GEMM (torch's addmm) adds the bias too, read
+    # where it is: cuBLAS's choice by alignment reaches the pre-activations,
+    # and every output is within that GEMM's rounding (H200, float64: a few ulps).
+    eps = torch.finfo(dtype).eps
     for offset in (1, vec - 1, vec):
         for name, a, e in zip(names, run(offset), expected, strict=True):
             if name == "grad_weights":
-                eps = torch.finfo(dtype).eps
                 tol = dict(rtol=4 * eps, atol=inputs[0].shape[0] * eps * max(1.0, rms(e)))
+            elif device == "cuda":
+                terms = inputs[1].shape[1] + 1  # [old_h, input] @ W^T + b
+                tol = dict(rtol=4 * eps, atol=terms * eps * max(1.0, rms(e)))
             else:
                 tol = dict(rtol=0, atol=0)
             torch.testing.assert_close(

@@ -70,7 +70,7 @@ def _candidate_gradients(impl, x: float, dtype, device):
     args = [t.requires_grad_() for t in _one_unit_step(0.0, x, dtype, device)]
     _, new_cell = IMPLEMENTATIONS[impl](*args)
     grad_weights, grad_bias = torch.autograd.grad(new_cell.sum(), args[1:3])
-    return grad_bias[2].double().item(), grad_weights[2].double()
+    return grad_bias[2].double().item(), grad_weights[2].double().cpu()
 
 
 @pytest.mark.parametrize("device", DEVICES)
