@@ -201,6 +201,13 @@ def _inputs_digest(tree: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _repaired_wheels(session: nox.Session) -> Path:
+    """Where ``nox -s cibuildwheel`` keeps the wheels it repaired from this
+    checkout's sources: ``nox -s slow`` installs those rather than building
+    both variants again (minutes of compiling, the CUDA one for every GPU)."""
+    return WHEEL_CACHE / f"repaired-{_inputs_digest(_source_copy(session))}"
+
+
 def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
     """Builds one variant's wheel against ``torch_version`` into ``outdir``; a
     CPU wheel already built from the same inputs, torch and Python is reused.
@@ -414,12 +421,18 @@ def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
     wheels built and installed next to real CPU-only and CUDA torches. Their
     environments are cached in LLTM_TEST_VENV_CACHE (default
-    ~/.cache/lltm/test-venvs); LLTM_TEST_WHEELS=dist reuses ``nox -s build``'s wheels.
+    ~/.cache/lltm/test-venvs). The wheels are those ``nox -s cibuildwheel``
+    repaired from the same sources, where it ran; LLTM_TEST_WHEELS=dist takes
+    ``nox -s build``'s instead; else the tests build both.
     LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm) from a
     skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     install_torch(session, BUILD_TORCH, str(wheel), *_group("test"))
     env = {}
+    repaired = _repaired_wheels(session)
+    if "LLTM_TEST_WHEELS" not in os.environ and len(list(repaired.glob("*.whl"))) == 2:
+        session.log(f"installing the wheels nox -s cibuildwheel repaired, from {repaired}")
+        env["LLTM_TEST_WHEELS"] = str(repaired)
     if os.environ.get("LLTM_NOX_DISPOSABLE") == "1" and "LLTM_TEST_VENV_CACHE" not in os.environ:
         # Freed with the session rather than kept for the next run.
         env["LLTM_TEST_VENV_CACHE"] = str(Path(session.create_tmp()).resolve() / "test-venvs")
@@ -627,6 +640,11 @@ def cibuildwheel(session: nox.Session) -> None:
         # Who installs it: CPython 3.10 to 3.14 and 3.14t, by pip's own rules.
         session.run("python", "packaging/check_wheel_tags.py", str(wheel))
         repaired[variant] = wheel
+    kept = _repaired_wheels(session)
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    for wheel in repaired.values():
+        shutil.copy2(wheel, kept)
 
     # The test step in a fresh environment: the CUDA build of torch the CUDA
     # wheel is built with (LLTM_CUDA_TORCH), lltm, the test group, then
