@@ -27,7 +27,7 @@ import pytest
 import torch
 from conftest import GRAD_NAMES, make_backward_args, make_inputs, rms
 from test_sequence import _backward_args as sequence_backward_args
-from test_sequence import _op_args
+from test_sequence import _op_args, make_sequence_inputs
 
 import lltm
 from lltm import _backends
@@ -170,8 +170,9 @@ def test_routing_runs_the_cuda_kernels_and_is_undone():
         before = emulated.launches()
         host = torch.ops.lltm.forward(*inputs)
         lltm.lltm_sequence(inputs[0][None].expand(3, -1, -1), *inputs[1:])
-        # One pointwise kernel for the cell, one per step for the sequence.
-        assert emulated.launches() == before + 4
+        # One pointwise kernel for the cell; per step of the sequence, the
+        # recurrent product (lltm's own kernel at this size) and the pointwise one.
+        assert emulated.launches() == before + 1 + 3 * 2
     launches = emulated.launches()
     after = torch.ops.lltm.forward(*inputs)
     assert emulated.launches() == launches
@@ -246,6 +247,36 @@ def test_sequence_ops_equal_the_cpu_kernels(case, dtype, bias):
     backward = sequence_backward_args(args, cpu)
     host, cpu = _host_and_cpu(lambda: torch.ops.lltm.sequence_backward(*backward))
     _assert_rounding_apart(GRAD_NAMES, host, cpu, dtype, 5 * 3 * 16)
+
+
+# The sequence's recurrent products (csrc/cuda/lltm_cuda_recurrent.cuh): lltm's own
+# kernel up to its size limit, where one multiprocessor or three make every thread
+# loop over several output elements, and cuBLAS (torch's GEMM here) past it.
+@pytest.mark.parametrize("multiprocessors", [1, 3, 132])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    ("batch", "features", "state"),
+    [(40, 5, 120), (17, 5, 129), (64, 3, 256)],
+    ids=["own-kernel", "own-kernel-forward", "cublas"],
+)
+def test_sequence_recurrent_products_equal_the_cpu_kernels(
+    emulation, batch, features, state, dtype, multiprocessors
+):
+    emulation.set_multiprocessors(multiprocessors)
+    x, w, b, h, c = make_sequence_inputs(3, batch, features, state, dtype)
+    args = [x, w, b, h, c, None, False]
+    names = ("output", "h_n", "c_n", "gates", "cells")
+    before = emulation.launches()
+    host, cpu = _host_and_cpu(lambda: torch.ops.lltm.sequence_forward(*args))
+    # Per step the pointwise kernel, and the product where lltm's kernel runs
+    # it: inner dimension (state) at most 384, at most 2**22 multiply-adds. The
+    # backward's inner dimension is 3 * state: 360 runs lltm's kernel, 387 cuBLAS.
+    own_kernel = state <= 384 and batch * 3 * state * state <= 2**22
+    assert emulation.launches() - before == 3 * (2 if own_kernel else 1)
+    _assert_rounding_apart(names, host, cpu, dtype, 3 * (state + features))
+    backward = sequence_backward_args(args, cpu)
+    host, cpu = _host_and_cpu(lambda: torch.ops.lltm.sequence_backward(*backward))
+    _assert_rounding_apart(GRAD_NAMES, host, cpu, dtype, 3 * 3 * state)
 
 
 # --- The device probe of the CUDA plugin (kernel_image_problem) ---------------------------

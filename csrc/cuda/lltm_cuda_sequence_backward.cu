@@ -2,11 +2,11 @@
 // lltm::sequence_gate_grads, mirroring csrc/cpu/lltm_cpu_sequence_backward.cpp
 // function for function: step by step, last first, one fused kernel for
 // d_gates_t and the gradient of c_prev (in place), then the gradient of
-// h_prev = d_gates_t @ W_h (sequence_gate_grads is this alone). After the
-// loop: grad_weights = d_gates^T @ [h_prev, input], grad_input = d_gates @ W_x
-// (one GEMM each) and grad_bias = a column sum of d_gates (16-bit: each step's
-// d_gates summed in float32 before they are rounded, as on the CPU). See
-// lltm_cuda_sequence.cuh.
+// h_prev = d_gates_t @ W_h (lltm_cuda_recurrent.cuh; sequence_gate_grads is
+// this alone). After the loop: grad_weights = d_gates^T @ [h_prev, input],
+// grad_input = d_gates @ W_x (one GEMM each) and grad_bias = a column sum of
+// d_gates (16-bit: each step's d_gates summed in float32 before they are
+// rounded, as on the CPU). See lltm_cuda_sequence.cuh.
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -24,6 +24,7 @@
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_pointwise.cuh"
+#include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
 #include "lltm_cuda_sequence.cuh"
 #include "lltm_cuda_torch_ops.cuh"
@@ -143,7 +144,7 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
       addmm_out(*bias_sums, *bias_sums, column_block(*ones, 0, size, false),
                 row_block(*d_gates_math, 0, size), 1.0);
     }
-    if (k > 0 || want_old_h) addmm_out(dh, dh, dg, w_h, 0.0);
+    if (k > 0 || want_old_h) recurrent_product(dh, dg, w_h, /*accumulate=*/false);
   }
   if (want_bias) {
     result.grad_bias =

@@ -1,7 +1,8 @@
 // CUDA implementation of lltm::sequence_forward, mirroring
 // csrc/cpu/lltm_cpu_sequence_forward.cpp function for function: gates = b +
 // input @ W_x^T for all steps at once (one GEMM), then step by step: gates_t
-// += h_prev @ W_h^T (cuBLAS) and the cell's fused pointwise kernel, writing
+// += h_prev @ W_h^T (lltm_cuda_recurrent.cuh: lltm's own kernel at small
+// sizes, else cuBLAS) and the cell's fused pointwise kernel, writing
 // output_t and cells_t. (16-bit: one GEMM per step over [h_prev, x_t], as in
 // the cell.) See lltm_cuda_sequence.cuh.
 #include <torch/csrc/stable/library.h>
@@ -21,6 +22,7 @@
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_pointwise.cuh"
+#include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
 #include "lltm_cuda_sequence.cuh"
 #include "lltm_cuda_torch_ops.cuh"
@@ -55,10 +57,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   const auto dtype = input.scalar_type();
   const bool one_gemm_per_step = is_16_bit(input);
   std::optional<Tensor> step_input;  // [h_prev, x_t] of a whole step
+  // The recurrent product's right side: W_h^T as a view (cuBLAS reads it
+  // transposed), or packed once per call, (S, 3S) with adjacent columns,
+  // for lltm's own kernel at small sizes (lltm_cuda_recurrent.cuh).
+  Tensor w_h_rows = w_h_transposed;
   if (one_gemm_per_step) {
     step_input = new_matrix(input, n.batch, S + n.features);
-  } else if (n.rows > 0 && S > 0) {
-    linear_out(gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)));
+  } else {
+    if (n.rows > 0 && S > 0) {
+      linear_out(gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)));
+    }
+    if (own_recurrent_product(input, n.batch, 3 * S, S)) {
+      w_h_rows = new_matrix(weights, S, 3 * S);
+      copy_into(w_h_rows, w_h_transposed);
+    }
   }
 
   for (int64_t k = 0; k < schedule.steps(); ++k) {
@@ -83,7 +95,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
       previous_state_blocks(schedule, k, output_rows, h0,
                             [&](int64_t first, int64_t count, const Tensor& h_prev) {
                               Tensor g = row_block(gates_rows, start + first, count);
-                              addmm_out(g, g, h_prev, w_h_transposed, 1.0);
+                              recurrent_product(g, h_prev, w_h_rows, /*accumulate=*/true);
                             });
     }
     previous_state_blocks(

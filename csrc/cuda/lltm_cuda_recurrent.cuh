@@ -1,0 +1,118 @@
+// The sequence's recurrent products, gates_t += h_prev @ W_h^T (forward) and
+// grad_h = d_gates_t @ W_h (backward), at the sizes where cuBLAS has the least
+// to work with: a few rows (the batch) against the (3 state, state) recurrent
+// weights, once per step. For float32 there cuBLAS tiles the output 32 x 128:
+// the tutorial's (16, 128) x (128, 384) is 3 thread blocks on a GPU of 132
+// multiprocessors, 32 us a step on an H200 and 90 % of a sequence's GPU time
+// (benchmarks/RESULTS.md). Here one thread computes one output element: the
+// threads of a warp share a row of `a` (one broadcast load) and read
+// consecutive columns of `b` (one coalesced load), and every multiprocessor
+// has work from the first step.
+//
+// Each thread sums its `inner` products in turn, so the kernel's time grows
+// with the inner dimension (about 80 ns per element on an H200, latency, not
+// arithmetic), where cuBLAS's hardly does. Measured there at T = 50
+// (benchmarks/RESULTS.md): the tutorial's products, inner 128 forward and 384
+// backward, take 16 us and 38 us a step with the pointwise kernels, against
+// 36 us and 57 us through cuBLAS; at (8, 32, 256) the forward (inner 256)
+// ties with cuBLAS, and the backward (inner 768) took 3.5 ms where torch's
+// matrix products alone take 0.9 ms.
+// Hence the limits below: inner at most 384, and at most 2**22 multiply-adds.
+//
+// float and double only. In 16 bits the products stay cuBLAS's: the forward
+// rounds each step's pre-activations once, with the bias, as the cell does
+// (lltm_cuda_sequence_forward.cu).
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../lltm_tensor.h"
+#include "lltm_cuda_launch.cuh"
+#include "lltm_cuda_runtime.h"
+#include "lltm_cuda_torch_ops.cuh"
+
+namespace lltm::cuda {
+
+using torch::stable::Tensor;
+
+// The products the kernel below takes: inner dimension and multiply-adds
+// (rows x cols x inner) at most these. The tutorial's (16 x 384 x 128) is a
+// fifth of the latter.
+constexpr int64_t kRecurrentProductMaxInner = 384;
+constexpr int64_t kRecurrentProductMaxWork = int64_t(1) << 22;
+constexpr int64_t kRecurrentProductThreads = 128;
+
+// out[i, j] = (accumulate ? out[i, j] : 0) + sum_k a[i, k] * b[k, j], rows of
+// each matrix ld* elements apart, columns adjacent. Grid-stride over the
+// output's elements; offsets are 64-bit.
+template <typename T>
+__global__ void recurrent_product_kernel(T* out, int64_t ldo, const T* a, int64_t lda, const T* b,
+                                         int64_t ldb, int64_t rows, int64_t cols, int64_t inner,
+                                         bool accumulate) {
+  const int64_t count = rows * cols;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += stride) {
+    const int64_t i = e / cols;
+    const int64_t j = e - i * cols;
+    const T* a_row = a + i * lda;
+    const T* b_col = b + j;
+    // Four running sums: four independent loads and multiply-adds in flight.
+    T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t k = 0;
+    for (; k + 4 <= inner; k += 4) {
+      s0 += a_row[k] * b_col[k * ldb];
+      s1 += a_row[k + 1] * b_col[(k + 1) * ldb];
+      s2 += a_row[k + 2] * b_col[(k + 2) * ldb];
+      s3 += a_row[k + 3] * b_col[(k + 3) * ldb];
+    }
+    for (; k < inner; ++k) s0 += a_row[k] * b_col[k * ldb];
+    const T sum = (s0 + s1) + (s2 + s3);
+    T* o = out + i * ldo + j;
+    *o = accumulate ? *o + sum : sum;
+  }
+}
+
+// Whether recurrent_product runs its own kernel for a (rows, inner) x
+// (inner, cols) product of `like`'s dtype; the forward packs W_h^T for it.
+inline bool own_recurrent_product(const Tensor& like, int64_t rows, int64_t cols, int64_t inner) {
+  return !is_16_bit(like) && inner <= kRecurrentProductMaxInner &&
+         rows * cols * inner <= kRecurrentProductMaxWork;
+}
+
+// out = (accumulate ? out : 0) + a @ b on the current stream: the kernel above
+// where own_recurrent_product says so and every matrix has adjacent columns,
+// else cuBLAS (torch's addmm).
+inline void recurrent_product(Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+  const int64_t rows = a.size(0);
+  const int64_t inner = a.size(1);
+  const int64_t cols = b.size(1);
+  const bool adjacent_columns =
+      (inner <= 1 || a.stride(1) == 1) && (cols <= 1 || (b.stride(1) == 1 && out.stride(1) == 1));
+  if (!own_recurrent_product(a, rows, cols, inner) || !adjacent_columns) {
+    addmm_out(out, out, a, b, accumulate ? 1.0 : 0.0);
+    return;
+  }
+  if (rows == 0 || cols == 0) return;
+  const int32_t device = out.get_device_index();
+  const cudaStream_t stream = current_stream(device);
+  const int64_t max_blocks =
+      std::max<int64_t>(1, multiprocessor_count(device)) * kMaxBlocksPerMultiprocessor;
+  const dim3 grid(
+      static_cast<unsigned>(std::min(ceil_div(rows * cols, kRecurrentProductThreads), max_blocks)));
+  const dim3 block(static_cast<unsigned>(kRecurrentProductThreads));
+  if (a.scalar_type() == torch::headeronly::ScalarType::Double) {
+    LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
+        out.mutable_data_ptr<double>(), out.stride(0), a.const_data_ptr<double>(), a.stride(0),
+        b.const_data_ptr<double>(), b.stride(0), rows, cols, inner, accumulate);
+  } else {
+    LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
+        out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),
+        b.const_data_ptr<float>(), b.stride(0), rows, cols, inner, accumulate);
+  }
+  check_launch("lltm recurrent_product_kernel");
+}
+
+}  // namespace lltm::cuda
