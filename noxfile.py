@@ -32,6 +32,7 @@ machine, a full product instead of the three pairs above:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -39,7 +40,7 @@ import re
 import shutil
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,24 @@ TORCH_WHEELHOUSE = Path(
 )
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created if missing) for the block: nox
+    processes run side by side (.ci/run) fill and read the same wheelhouse."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            import fcntl
+        except ImportError:  # Windows: one nox process at a time there
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def install_torch(
     session: nox.Session,
     version: str,
@@ -159,16 +178,17 @@ def install_torch(
         env=env, external=external, silent=True,
     ).strip()  # fmt: skip
     complete = TORCH_WHEELHOUSE / version / f".complete-{tag}"
-    if not complete.exists():
+    with _locked(TORCH_WHEELHOUSE / version / ".lock"):
+        if not complete.exists():
+            session.run(
+                *pip, "download", "--quiet", "--dest", wheelhouse, f"torch=={version}",
+                env=env, external=external,
+            )  # fmt: skip
+            complete.touch()
         session.run(
-            *pip, "download", "--quiet", "--dest", wheelhouse, f"torch=={version}",
-            env=env, external=external,
+            *pip, "install", "--quiet", "--no-index", "--find-links", wheelhouse,
+            f"torch=={version}", env=env, external=external,
         )  # fmt: skip
-        complete.touch()
-    session.run(
-        *pip, "install", "--quiet", "--no-index", "--find-links", wheelhouse, f"torch=={version}",
-        env=env, external=external,
-    )  # fmt: skip
     if others:
         session.run(
             *pip, "install", "--quiet", f"torch=={version}", *others, env=env, external=external
@@ -234,8 +254,11 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
     )  # fmt: skip
     built = sorted(set(outdir.glob("*.whl")) - before) or sorted(outdir.glob("*.whl"))
     if cache is not None:
+        # Whole or absent for a session reading the cache beside this one.
         cache.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(built[-1], cache)
+        partial = cache / f"{built[-1].name}.partial"
+        shutil.copy2(built[-1], partial)
+        partial.replace(cache / built[-1].name)
     return built[-1]
 
 
@@ -640,11 +663,16 @@ def cibuildwheel(session: nox.Session) -> None:
         # Who installs it: CPython 3.10 to 3.14 and 3.14t, by pip's own rules.
         session.run("python", "packaging/check_wheel_tags.py", str(wheel))
         repaired[variant] = wheel
+    # Complete or absent for nox -s slow, which may be running beside this
+    # session: copied aside, then renamed into place.
     kept = _repaired_wheels(session)
-    shutil.rmtree(kept, ignore_errors=True)
-    kept.mkdir(parents=True)
+    partial = kept.with_name(kept.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     for wheel in repaired.values():
-        shutil.copy2(wheel, kept)
+        shutil.copy2(wheel, partial)
+    shutil.rmtree(kept, ignore_errors=True)
+    partial.rename(kept)
 
     # The test step in a fresh environment: the CUDA build of torch the CUDA
     # wheel is built with (LLTM_CUDA_TORCH), lltm, the test group, then
