@@ -133,7 +133,8 @@ TORCH_WHEELHOUSE = Path(
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock on ``path`` (created if missing) for the block: nox
-    processes run side by side (.ci/run) fill and read the same wheelhouse."""
+    processes run side by side (.ci/run starts nox -s aarch64 beside the
+    others) fill and read the same wheelhouse."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         try:
