@@ -213,6 +213,69 @@ def test_zero_steps_empty_batch_zero_state(shape):
     check(make_args(*shape))
 
 
+def _poison_the_heap(dtype, largest):
+    """Frees NaN-filled blocks of every size up to `largest` values, so that
+    memory the kernels take without writing it would hold NaN."""
+    blocks = [torch.full((n,), float("nan"), dtype=dtype) for n in range(64, largest, 97)]
+    del blocks
+
+
+# The kernels pack the weights into uninitialised memory on every call: the
+# lanes past the state size, and the bias slots of a call without bias, must
+# be written as zeros. Without bias, every output and gradient must equal a
+# zero bias's, bit for bit, after the memory they could reuse held NaN.
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("state", [1, 5, 8, 11, 13, 24], ids=lambda s: f"s{s}")
+def test_packed_weights_hold_zeros_not_stale_memory(state, dtype):
+    input, weights, bias, old_h, old_cell = (a.to(dtype) for a in make_args(3, 5, 4, state))
+    upstream = [u.to(dtype) for u in upstream_of(sequence_oracle(*make_args(3, 5, 4, state)))]
+    results = []
+    for b in (None, torch.zeros_like(bias)):
+        _poison_the_heap(dtype, 3 * state * (state + 4 + 1) * 16 + 4096)
+        output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(
+            input, weights, b, old_h, old_cell, None, False
+        )
+        _poison_the_heap(dtype, 3 * state * state * 16 + 4096)
+        grads = torch.ops.lltm.sequence_backward(
+            *upstream, output, gates, cells, input, weights, old_h, None, False,
+            [True, True, False, True, True],
+        )  # fmt: skip
+        results.append([output, h_n, c_n, gates, cells, *(g for g in grads if g is not None)])
+    for name, a, b in zip(
+        ("output", "h_n", "c_n", "gates", "cells", *[f"grad of {n}" for n in NAMES if n != "bias"]),
+        *results,
+        strict=True,
+    ):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
+# Every row runs the same arithmetic wherever it sits: in a full register
+# tile, or as the last real row of a padded one (batches of 3, 5, 6, 7 ... rows
+# end in one for every set). A compiler that fuses a multiply-add in one place
+# and not in the other breaks this by one rounding, and with it the promise
+# that two threads' blocks of rows give one thread's bits.
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("batch", [3, 5, 6, 7, 9, 11, 13, 23], ids=lambda b: f"b{b}")
+def test_identical_rows_give_identical_bits(batch, dtype):
+    one = make_args(3, 1, 4, 13)
+    args = [one[0].expand(3, batch, 4), one[1], one[2], *(a.expand(batch, 13) for a in one[3:])]
+    args = [a.contiguous().to(dtype) for a in args]
+    output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*args, None, False)
+    upstream = [u.to(dtype) for u in upstream_of(sequence_oracle(*make_args(3, 1, 4, 13)))]
+    grads = torch.ops.lltm.sequence_backward(
+        upstream[0].expand(3, batch, 13), upstream[1].expand(batch, 13),
+        upstream[2].expand(batch, 13), output, gates, cells, args[0], args[1], args[3], None,
+        False, [True, False, False, True, True],
+    )  # fmt: skip
+    rows = {"output": output, "gates": gates, "cells": cells, "h_n": h_n, "c_n": c_n}
+    rows.update(
+        {"grad of input": grads[0], "grad of old_h": grads[3], "grad of old_cell": grads[4]}
+    )
+    for name, t in rows.items():
+        by_row = t.reshape(-1, batch, t.shape[-1])
+        assert torch.equal(by_row, by_row[:, :1].expand_as(by_row)), name
+
+
 def _strided(t: torch.Tensor) -> torch.Tensor:
     """The same values in a non-contiguous layout: every other element of a
     twice-as-long last dimension, transposed storage for matrices."""

@@ -217,6 +217,27 @@ LLTM_ALWAYS_INLINE void backward_pointwise(const BackwardSteps<T>& a, int64_t st
   }
 }
 
+// Step k's rows [r0, r1) as backward_pointwise reads them (gates, cells, the
+// output's gradient) and writes them (d_gates), into L2 while the product
+// before it runs. Walked through time backwards, the rows are short runs that
+// the hardware prefetchers never lock on to: without this, about a third of
+// the pointwise backward's time went to waiting on the gates' loads.
+template <typename T>
+LLTM_ALWAYS_INLINE void prefetch_pointwise(const BackwardSteps<T>& a, int64_t start, int64_t r0,
+                                           int64_t r1) {
+  const int64_t S = a.state;
+  for (int64_t r = r0; r < r1; ++r) {
+    const RowRef<const T> gates = a.gates.row(start + r), cells = a.cells.row(start + r);
+    if (gates.stride == 1) prefetch_values(gates.data, 3 * S);
+    if (cells.stride == 1) prefetch_values(cells.data, S);
+    if (a.has_dy) {
+      const RowRef<const T> dy = a.dy.row(start + r);
+      if (dy.stride == 1) prefetch_values(dy.data, S);
+    }
+    prefetch_values<true>(a.d_gates + (start + r) * 3 * S, 3 * S);
+  }
+}
+
 // Backpropagation through time for batch rows [first, last). Stage k (from
 // the last step down to k = -1): dh = dg_{k+1} W_h for the rows of step k+1,
 // then the cell's backward of step k. By rows r of the block:
@@ -241,6 +262,7 @@ LLTM_ALWAYS_INLINE void backward_block(const BackwardSteps<T>& a, int64_t first,
     const int64_t here = std::min(last, order.size(k));
     const int64_t next = std::min(last, order.size(k + 1));
     const int64_t product_end = a.want_old_h ? next : std::min(here, next);
+    if (here > first) prefetch_pointwise(a, order.starts[k], first, here);
     if (product_end > first) {
       const T* dg_next = a.d_gates + order.starts[k + 1] * 3 * S;
       for (int64_t r = first; r < product_end; ++r) rows[r - first] = dg_next + r * 3 * S;

@@ -12,7 +12,10 @@
 
 namespace lltm::cpu {
 
-// Memory aligned for the widest vectors, released with the matching delete.
+// Memory aligned for the widest vectors, released with the matching delete;
+// left uninitialised (the panels below write every value they hold: packing
+// runs on every call, and zeroing a quarter of a megabyte first showed in
+// the profile).
 template <typename T>
 struct AlignedArray {
   struct Free {
@@ -23,7 +26,6 @@ struct AlignedArray {
   explicit AlignedArray(int64_t count) {
     const size_t n = static_cast<size_t>(std::max<int64_t>(count, 1));
     data.reset(static_cast<T*>(::operator new[](n * sizeof(T), std::align_val_t(64))));
-    std::fill(data.get(), data.get() + n, T(0));
   }
   T* get() const { return data.get(); }
 };
@@ -50,6 +52,8 @@ struct ForwardPanels {
     for (int64_t p = 0; p < panels; ++p) {
       T* out = values.get() + p * panel_size;
       const int64_t cols = std::min(L, S - p * L);
+      // Zeros where no weight lands: lanes past the state size, or the bias.
+      if (cols < L || bias == nullptr) std::fill(out, out + panel_size, T(0));
       for (int64_t gate = 0; gate < 3; ++gate) {
         for (int64_t l = 0; l < cols; ++l) {
           const int64_t r = gate * S + p * L + l;
@@ -84,6 +88,7 @@ struct BackwardPanels {
       T* out = values.get() + offset[p];
       const int64_t width = vectors[p] * L;
       const int64_t cols = std::min(width, S - first[p]);
+      if (cols < width) std::fill(out, out + 3 * S * width, T(0));  // lanes past the state
       for (int64_t k = 0; k < 3 * S; ++k) {
         for (int64_t l = 0; l < cols; ++l)
           out[k * width + l] = w[k * w_row + (first[p] + l) * w_col];

@@ -66,6 +66,15 @@ LLTM_ALWAYS_INLINE void load_cols(V& v, RowRef<const T> row, int64_t col, int64_
   load_vec(v, values);
 }
 
+// Asks for the cache lines of `count` values from `data` into L2, ahead of
+// their use: read (kWrite false) or about to be written.
+template <bool kWrite = false, typename T>
+LLTM_ALWAYS_INLINE void prefetch_values(const T* data, int64_t count) {
+  const char* line = reinterpret_cast<const char*>(data);
+  const char* end = reinterpret_cast<const char*>(data + count);
+  for (; line < end; line += 64) __builtin_prefetch(line, kWrite ? 1 : 0, 2);
+}
+
 template <typename V, typename T>
 LLTM_ALWAYS_INLINE void store_cols(T* to, const V& v, int64_t count) {
   constexpr int64_t kLanes = sizeof(V) / sizeof(T);
