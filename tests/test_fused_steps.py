@@ -227,8 +227,9 @@ def _poison_the_heap(dtype, largest):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("state", [1, 5, 8, 11, 13, 24], ids=lambda s: f"s{s}")
 def test_packed_weights_hold_zeros_not_stale_memory(state, dtype):
-    input, weights, bias, old_h, old_cell = (a.to(dtype) for a in make_args(3, 5, 4, state))
-    upstream = [u.to(dtype) for u in upstream_of(sequence_oracle(*make_args(3, 5, 4, state)))]
+    args = make_args(3, 5, 4, state)
+    input, weights, bias, old_h, old_cell = (a.to(dtype) for a in args)
+    upstream = [u.to(dtype) for u in upstream_of(sequence_oracle(*args))]
     results = []
     for b in (None, torch.zeros_like(bias)):
         _poison_the_heap(dtype, 3 * state * (state + 4 + 1) * 16 + 4096)
@@ -261,7 +262,7 @@ def test_identical_rows_give_identical_bits(batch, dtype):
     args = [one[0].expand(3, batch, 4), one[1], one[2], *(a.expand(batch, 13) for a in one[3:])]
     args = [a.contiguous().to(dtype) for a in args]
     output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*args, None, False)
-    upstream = [u.to(dtype) for u in upstream_of(sequence_oracle(*make_args(3, 1, 4, 13)))]
+    upstream = [u.to(dtype) for u in upstream_of(sequence_oracle(*one))]
     grads = torch.ops.lltm.sequence_backward(
         upstream[0].expand(3, batch, 13), upstream[1].expand(batch, 13),
         upstream[2].expand(batch, 13), output, gates, cells, args[0], args[1], args[3], None,
