@@ -212,11 +212,13 @@ WHEEL_INPUTS = ("csrc", "src", "setup.py", "pyproject.toml", "MANIFEST.in", "REA
 
 
 def _inputs_digest(tree: Path) -> str:
+    """The digest of what a wheel of ``tree`` is built from: a checkout and the
+    sdist made from it agree (the sdist's own metadata, *.egg-info, aside)."""
     digest = hashlib.sha256()
     for top in WHEEL_INPUTS:
         paths = [tree / top] if (tree / top).is_file() else sorted((tree / top).rglob("*"))
         for path in paths:
-            if path.is_file():
+            if path.is_file() and not any(part.endswith(".egg-info") for part in path.parts):
                 digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
                 digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
@@ -229,6 +231,20 @@ def _repaired_wheels(session: nox.Session) -> Path:
     return WHEEL_CACHE / f"repaired-{_inputs_digest(_source_copy(session))}"
 
 
+def _cpu_wheel_cache(session: nox.Session, torch_version: str, tree: Path) -> Path:
+    """Where the CPU wheel built from ``tree`` against ``torch_version`` under
+    the session's Python is kept."""
+    return WHEEL_CACHE / f"torch{torch_version}-py{session.python}-{_inputs_digest(tree)}"
+
+
+def _keep_cpu_wheel(cache: Path, wheel: Path) -> None:
+    # Whole or absent for a session reading the cache beside this one.
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = cache / f"{wheel.name}.partial"
+    shutil.copy2(wheel, partial)
+    partial.replace(cache / wheel.name)
+
+
 def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
     """Builds one variant's wheel against ``torch_version`` into ``outdir``; a
     CPU wheel already built from the same inputs, torch and Python is reused.
@@ -238,11 +254,10 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
     source = _source_copy(session)
     cache = None
     if variant == "cpu":
-        key = f"torch{torch_version}-py{session.python}-{_inputs_digest(source)}"
-        cache = WHEEL_CACHE / key
+        cache = _cpu_wheel_cache(session, torch_version, source)
         cached = sorted(cache.glob("*.whl"))
         if cached:
-            session.log(f"reusing {cached[-1].name}, built from the same sources ({key})")
+            session.log(f"reusing {cached[-1].name}, built from the same sources ({cache.name})")
             return Path(shutil.copy2(cached[-1], outdir))
     before = set(outdir.glob("*.whl"))
     env = {"LLTM_VARIANT": variant, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
@@ -255,12 +270,14 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
     )  # fmt: skip
     built = sorted(set(outdir.glob("*.whl")) - before) or sorted(outdir.glob("*.whl"))
     if cache is not None:
-        # Whole or absent for a session reading the cache beside this one.
-        cache.mkdir(parents=True, exist_ok=True)
-        partial = cache / f"{built[-1].name}.partial"
-        shutil.copy2(built[-1], partial)
-        partial.replace(cache / built[-1].name)
+        _keep_cpu_wheel(cache, built[-1])
     return built[-1]
+
+
+# pytest-xdist's workers for the suites of nox -t tests: one per core (the
+# tests are mostly single-threaded: Python, subprocesses, small tensors).
+# LLTM_TEST_WORKERS=0 runs them in pytest's own process.
+TEST_WORKERS = ("-n", os.environ.get("LLTM_TEST_WORKERS", "auto"))
 
 
 @nox.session(tags=["tests"])
@@ -276,7 +293,7 @@ def tests(session: nox.Session, torch: str) -> None:
     session.run("python", "-m", "lltm", "info")
     if not deploy:
         session.log(DEPLOY_TESTS_ELSEWHERE)
-    session.run("pytest", "-m", "not slow", *session.posargs)
+    session.run("pytest", *TEST_WORKERS, "-m", "not slow", *session.posargs)
 
 
 # The ONNX and ExecuTorch tests (tests/test_onnx.py, tests/test_executorch.py)
@@ -317,8 +334,9 @@ def compat(session: nox.Session) -> None:
     session.run(python, "-m", "lltm", "info", env=env, external=True)
     session.log(DEPLOY_TESTS_ELSEWHERE)
     session.run(
-        python, "-m", "pytest", *(session.posargs or ["-m", "not slow"]), env=env, external=True
-    )
+        python, "-m", "pytest", *TEST_WORKERS, *(session.posargs or ["-m", "not slow"]),
+        env=env, external=True,
+    )  # fmt: skip
 
 
 @nox.session(python=PYTHONS[0])
@@ -730,6 +748,11 @@ def sdist(session: nox.Session) -> None:
     session.run("twine", "check", "--strict", str(archive))
 
     session.run("python", "packaging/check_sdist.py", str(archive))
+    unpacked = Path(session.create_tmp()) / "unpacked"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+    sources = unpacked / f"lltm-{VERSION}"
 
     # A wheel built from the sdist (as pip does for users without a wheel) ...
     wheels = Path(session.create_tmp()) / "from-sdist"
@@ -740,17 +763,20 @@ def sdist(session: nox.Session) -> None:
         env={"LLTM_VARIANT": "cpu", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
     )  # fmt: skip
     (wheel,) = wheels.glob("lltm-*.whl")
-    # ... passes the smoke tests, from the sdist's own tests/, in a fresh environment.
+    # ... is the CPU wheel the sessions after this one test (build_wheel
+    # reuses it: the sdist holds the checkout's build inputs, byte for byte,
+    # or the digests differ and they build their own) ...
+    cache = _cpu_wheel_cache(session, BUILD_TORCH, sources)
+    if cache == _cpu_wheel_cache(session, BUILD_TORCH, _source_copy(session)):
+        _keep_cpu_wheel(cache, wheel)
+    else:
+        session.warn("the sdist's build inputs differ from the checkout's: its wheel is not reused")
+    # ... and passes the smoke tests, from the sdist's own tests/, in a fresh environment.
     python, env = _fresh_env(session, "sdist-venv")
     session.run(
         python, "-m", "pip", "install", "--quiet", f"torch=={BUILD_TORCH}", str(wheel),
         *_group("test"), env=env, external=True,
     )  # fmt: skip
-    unpacked = Path(session.create_tmp()) / "unpacked"
-    shutil.rmtree(unpacked, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(unpacked, filter="data")
-    sources = unpacked / f"lltm-{VERSION}"
     _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, sources)
 
 
