@@ -739,10 +739,11 @@ def sdist(session: nox.Session) -> None:
     session.install("build", "twine")
     outdir = Path(session.create_tmp()) / "sdist"
     shutil.rmtree(outdir, ignore_errors=True)
+    tree = _source_copy(session)
     # No isolation: setup.py imports torch, and an isolated build would fetch one.
     session.run(
         "python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(outdir),
-        str(_source_copy(session)),
+        str(tree),
     )  # fmt: skip
     (archive,) = outdir.glob("lltm-*.tar.gz")
     session.run("twine", "check", "--strict", str(archive))
@@ -767,7 +768,7 @@ def sdist(session: nox.Session) -> None:
     # reuses it: the sdist holds the checkout's build inputs, byte for byte,
     # or the digests differ and they build their own) ...
     cache = _cpu_wheel_cache(session, BUILD_TORCH, sources)
-    if cache == _cpu_wheel_cache(session, BUILD_TORCH, _source_copy(session)):
+    if cache == _cpu_wheel_cache(session, BUILD_TORCH, tree):
         _keep_cpu_wheel(cache, wheel)
     else:
         session.warn("the sdist's build inputs differ from the checkout's: its wheel is not reused")
