@@ -321,18 +321,30 @@ def test_non_contiguous_arguments_and_saved_tensors(dtype):
         assert_close(g, e, f"grad of {name}", dtype)
 
 
-def test_gradient_of_a_sum_is_a_broadcast():
-    # output.sum()'s gradient reaches the kernel as ones with strides 0.
-    args = make_args(4, 5, 3, 9)
-    output, _, _, gates, cells = torch.ops.lltm.sequence_forward(*args, None, False)
-    ones = torch.ones((), dtype=output.dtype).expand_as(output)
+# Output gradients whose rows are not dense are gathered a row at a time
+# before the vector loop reads them: output.sum()'s gradient reaches the
+# kernel as ones with strides 0, a slice's as every other column. States of
+# less than a vector (5 floats) and of whole vectors and a tail (21).
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("state", [5, 21], ids=lambda s: f"S{s}")
+@pytest.mark.parametrize("layout", ["sum", "every other column"])
+def test_output_gradient_with_rows_not_dense(layout, state, dtype):
+    args = make_args(4, 5, 3, state)
+    cast = [a.to(dtype) for a in args]
+    output, _, _, gates, cells = torch.ops.lltm.sequence_forward(*cast, None, False)
+    if layout == "sum":
+        grad_output = torch.ones((), dtype=dtype).expand_as(output)
+    else:
+        grad_output = _strided(torch.randn_like(output))
+    assert grad_output.stride(-1) != 1
     grads = torch.ops.lltm.sequence_backward(
-        ones, None, None, output, gates, cells, args[0], args[1], args[3], None, False, [True] * 5
-    )
+        grad_output, None, None, output, gates, cells, cast[0], cast[1], cast[3], None, False,
+        [True] * 5,
+    )  # fmt: skip
     leaves = [a.clone().requires_grad_() for a in args]
-    ref = torch.autograd.grad(sequence_oracle(*leaves)[0].sum(), leaves)
+    ref = torch.autograd.grad(sequence_oracle(*leaves)[0], leaves, grad_output.double())
     for name, g, e in zip(NAMES, grads, ref, strict=True):
-        assert_close(g, e, f"grad of {name}", torch.float64)
+        assert_close(g, e, f"grad of {name}", dtype)
 
 
 @pytest.mark.parametrize("batch", [32, 37], ids=lambda b: f"b{b}")
