@@ -186,18 +186,18 @@ struct BiasSums {
 // row `start`: dh (in a.dh) plus the output's gradient is the gradient
 // reaching h_t; writes d_gates and the gradient of c_prev (into a.dc).
 // An output gradient whose rows are not dense is gathered a row at a time
-// into `dy_row` (S values) first: the gradient of `output.sum()` or
-// `.mean()` is one value broadcast by stride 0, and read element by element
-// it cost the pass its vector loads: at the tutorial's size (AVX2, float,
-// one thread) the loop through time took 1.10x-1.17x the time it takes with
-// a dense gradient, 0.83x-1.03x with the gather (4 runs each).
+// into `dy_row` (S values; null where the rows are dense) first: the
+// gradient of `output.sum()` or `.mean()` is one value broadcast by stride
+// 0, and read element by element it cost the pass its vector loads: at the
+// tutorial's size (AVX2, float, one thread) the loop through time took
+// 1.10x-1.17x the time it takes with a dense gradient, 0.83x-1.03x with the
+// gather (4 runs each).
 template <typename T, typename Set>
 LLTM_ALWAYS_INLINE void backward_pointwise(const BackwardSteps<T>& a, int64_t start, int64_t r0,
                                            int64_t r1, BiasSums<T>& bias, T* dy_row) {
   constexpr int64_t L = Simd<T, Set::kBytes>::kLanes;
   const int64_t S = a.state, full = S / L * L;
   const bool dense = a.gates.dense() && a.cells.dense();
-  const bool gather_dy = a.has_dy && !a.dy.dense();
   // The step's rows are consecutive rows of the input's layout.
   const RowRef<const T> gates0 = a.gates.row(start + r0), cells0 = a.cells.row(start + r0);
   const RowRef<const T> dy0 = a.has_dy ? a.dy.row(start + r0) : RowRef<const T>{nullptr, 0};
@@ -206,7 +206,7 @@ LLTM_ALWAYS_INLINE void backward_pointwise(const BackwardSteps<T>& a, int64_t st
     const RowRef<const T> gates{gates0.data + k * a.gates.step_stride(), gates0.stride};
     const RowRef<const T> cell{cells0.data + k * a.cells.step_stride(), cells0.stride};
     RowRef<const T> dy{a.has_dy ? dy0.data + k * a.dy.step_stride() : nullptr, dy0.stride};
-    if (gather_dy) {
+    if (dy_row != nullptr) {
       for (int64_t j = 0; j < S; ++j) dy_row[j] = *dy.at(j);
       dy = {dy_row, 1};
     }
@@ -275,7 +275,9 @@ LLTM_ALWAYS_INLINE void backward_block(const BackwardSteps<T>& a, int64_t first,
   const int64_t S = a.state;
   const StepOrder& order = a.order;
   std::vector<const T*> rows(std::max<int64_t>(last - first, 1));
-  std::vector<T> dy_row(a.has_dy && !a.dy.dense() ? S : 0);
+  // Where backward_pointwise gathers an output gradient's rows (see there).
+  std::vector<T> dy_rows(a.has_dy && !a.dy.dense() ? S : 0);
+  T* const dy_row = dy_rows.empty() ? nullptr : dy_rows.data();
   BiasSums<T> bias(S, a.weights->lanes, bias_sums);
   for (int64_t k = order.steps - 1; k >= -1; --k) {
     const int64_t here = std::min(last, order.size(k));
@@ -287,8 +289,7 @@ LLTM_ALWAYS_INLINE void backward_block(const BackwardSteps<T>& a, int64_t first,
       for (int64_t r = first; r < product_end; ++r) rows[r - first] = dg_next + r * 3 * S;
       backward_product<T, Set>(a, rows.data(), first, product_end);
     }
-    if (here > first)
-      backward_pointwise<T, Set>(a, order.starts[k], first, here, bias, dy_row.data());
+    if (here > first) backward_pointwise<T, Set>(a, order.starts[k], first, here, bias, dy_row);
   }
   bias.fold();
 }
