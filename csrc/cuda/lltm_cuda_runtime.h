@@ -26,6 +26,7 @@
 
 #else
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <torch/csrc/stable/accelerator.h>
 
@@ -40,6 +41,17 @@
 
 namespace lltm::cuda {
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
+// Block, cluster and grid barriers.
+namespace cg = cooperative_groups;
+
+// The block's dynamic shared memory (the launch's dynamicSmemBytes), 16-byte
+// aligned. Kernels take all their shared memory from here: the host build
+// gives every block an arena of its own, which a static __shared__ variable
+// could not have there.
+__device__ __forceinline__ unsigned char* dynamic_shared_memory() {
+  extern __shared__ __align__(16) unsigned char lltm_dynamic_shared[];
+  return lltm_dynamic_shared;
+}
 }  // namespace lltm::cuda
 
 #endif
