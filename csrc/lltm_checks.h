@@ -1,8 +1,9 @@
 // Argument validation shared by every backend: the cell's arguments, and the
 // checks the sequence's (lltm_sequence_checks.h) are built from.
 //
-// Each check runs before any kernel and throws std::invalid_argument with a
-// short message naming the offending argument and what was expected.
+// Each check runs before any kernel and raises an argument error
+// (lltm_errors.h: a ValueError in Python) with a short message naming the
+// offending argument and what was expected.
 // src/lltm/_checks.py makes the same checks with the same messages for the
 // fake kernels (src/lltm/ops/fake.py) and the composite kernel, so eager,
 // torch.compile and fallback runs fail alike.
@@ -18,6 +19,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "lltm_errors.h"
 
 namespace lltm {
 
@@ -80,9 +83,7 @@ inline std::string dtype_str(ScalarType t) {
   }
 }
 
-[[noreturn]] inline void fail(const std::string& message) {
-  throw std::invalid_argument("lltm: " + message);
-}
+[[noreturn]] inline void fail(const std::string& message) { fail_argument(message); }
 
 inline void check_supported_dtype(const Tensor& input) {
   const ScalarType t = input.scalar_type();

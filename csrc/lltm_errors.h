@@ -1,17 +1,23 @@
-// Errors from torch's C shim, with torch's own message.
+// The two kinds of error lltm's kernels raise, and how Python tells them apart.
 //
-// A failing shim call only returns an error code; the header-only
-// TORCH_ERROR_CODE_CHECK then throws "<call> API call failed at <file>,
-// line N", which tells a user nothing (an out-of-memory, a cuBLAS failure,
-// a bad shape all read alike). torch >= 2.13 keeps the message of the last
-// failure per thread behind torch_exception_get_what_without_backtrace().
-// Calling it directly would make the binary fail to load in torch 2.10-2.12,
-// which lack it, so it is looked up at run time; where it is missing, the
-// shim has printed the message to stderr and the error says so.
+// Only an exception's text crosses torch's stable ABI, never its type: until
+// torch 2.14 pybind11 turned std::invalid_argument into ValueError, from 2.15
+// torch turns every exception that is not c10's own into RuntimeError. So the
+// text says which type lltm documents, in one fixed form that the Python
+// layer reads in one place (src/lltm/_errors.py), whatever torch delivers:
 //
-// The Python side turns a CUDA out-of-memory, which reaches it as a
-// RuntimeError with torch's text, back into torch.OutOfMemoryError
-// (src/lltm/ops/errors.py): no exception type crosses the stable ABI.
+//   * a bad argument: fail_argument(), "lltm: [ValueError] <message>"; Python
+//     raises ValueError("lltm: <message>"), the tag removed. A call that
+//     reaches a kernel with no Python in between (torch.ops.lltm.* inside
+//     torch.inference_mode()) shows the tag: the type lltm meant, in words.
+//   * a failure inside torch: "lltm: <what lltm was doing> failed: <torch's
+//     message>". torch >= 2.13 keeps the message of the last failure per
+//     thread behind torch_exception_get_what_without_backtrace(); calling it
+//     directly would make the binary fail to load in torch 2.10-2.12, which
+//     lack it, so it is looked up at run time, and where it is missing the
+//     shim has printed the message to stderr and the error says so. Python
+//     raises it as it comes, but a CUDA out-of-memory, which becomes
+//     torch.OutOfMemoryError.
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -32,6 +38,14 @@
 #endif
 
 namespace lltm {
+
+// What precedes the message of every argument error (see the top of this file).
+inline constexpr const char* kArgumentErrorPrefix = "lltm: [ValueError] ";
+
+// A bad argument: `message` names it and what was expected.
+[[noreturn]] inline void fail_argument(const std::string& message) {
+  throw std::invalid_argument(kArgumentErrorPrefix + message);
+}
 
 using TorchMessageFn = const char* (*)();
 

@@ -98,6 +98,21 @@ def input_shapes(batch: int, features: int, state: int) -> list[tuple[int, ...]]
     ]
 
 
+def kernel_text(op, args) -> str:
+    """The text of the error a kernel raises for ``args``, as it crosses torch's stable ABI.
+
+    Called inside inference mode, where no Python of lltm's runs between the
+    caller and the kernel (no Autograd key): what torch >= 2.15 hands over as
+    a RuntimeError, and earlier torches as a ValueError.
+    """
+    with torch.inference_mode():
+        try:
+            op(*args)
+        except (RuntimeError, ValueError) as error:
+            return str(error)
+    raise AssertionError(f"{op} raised nothing")
+
+
 def make_inputs(
     batch: int,
     features: int,

@@ -58,42 +58,6 @@ def test_gates_output_is_not_differentiable():
     assert not gates.requires_grad
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
-def test_the_eager_path_only_where_nothing_but_autograd_is_in_play():
-    # lltm_cell and the modules decide once per call: plain eager autograd
-    # gets the Functions made for it; torch.compile, torch.func, jit.trace,
-    # forward-mode AD and autocast get the registered operator, whose
-    # dispatch keys serve each of them.
-    plain_eager = lltm.ops.eager.plain_eager
-    assert plain_eager()
-    with torch.no_grad():
-        assert plain_eager()
-    with torch.inference_mode():
-        assert plain_eager()
-    with torch.autocast("cpu"):
-        assert not plain_eager()
-    with torch.autograd.forward_ad.dual_level():
-        assert not plain_eager()
-    seen = []
-
-    def record(x):
-        seen.append(plain_eager())
-        return x * 2
-
-    torch.func.grad(lambda x: record(x).sum())(torch.ones(2))
-    torch.func.vmap(record)(torch.ones(2))
-    torch.jit.trace(record, torch.ones(2), check_trace=False)
-    torch.compile(record, backend="eager", fullgraph=True)(torch.ones(2))
-    assert seen == [False] * 4
-    # What each records.
-    inputs = make_inputs(2, 3, 4, requires_grad=True)
-    new_h, _ = lltm.lltm_cell(*inputs)
-    assert type(new_h.grad_fn).__name__ == "EagerCellFunctionBackward"
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        new_h, _ = lltm.lltm_cell(*[t.float() for t in inputs])
-    assert "EagerCellFunction" not in type(new_h.grad_fn).__name__
-
-
 def test_no_grad_for_inputs_that_do_not_require_it():
     input, weights, bias, old_h, old_cell = make_inputs(2, 3, 4)
     weights.requires_grad_()

@@ -101,6 +101,46 @@ def test_default_is_the_tutorials_configuration(capsys):
         assert all(isinstance(t, torch.nn.Parameter) for t in case.leaves)
 
 
+@pytest.mark.parametrize("seq_len", [None, 3])
+@pytest.mark.parametrize("impl", ["reference", "lltm", "lltm-sequence"])
+def test_both_losses_give_the_same_gradients(impl, seq_len):
+    # The tutorial's loss, (new_h.sum() + new_cell.sum()).backward(), and
+    # dense ones handed to autograd: the same gradients, reaching the cell
+    # as broadcasts in the first case.
+    if (impl == "lltm-sequence") != (seq_len is not None):
+        impl = "lltm-loop" if seq_len else impl.removesuffix("-sequence")
+    grads = {}
+    for loss in kinds.LOSSES:
+        size = kinds.Size(2, 3, 4, seq_len, loss)
+        case = cases.make_case(impl, size, CPU, torch.float64, inputs_grad=True)
+        returned = case.step()
+        if loss == "sum":
+            assert returned is None  # .backward(): into .grad
+            returned = [t.grad for t in case.leaves]
+        grads[loss] = returned
+    for ours, theirs in zip(grads["sum"], grads["dense"], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_the_loss_is_a_column_and_speed_ups_compare_the_same_loss(capsys):
+    report = _run_json(capsys, "--impl", "lltm")
+    assert report["environment"]["losses"] == ["sum", "dense"]
+    assert [(r["loss"], r["impl"]) for r in report["results"]] == [
+        ("sum", "reference"),
+        ("sum", "lltm"),
+        ("dense", "reference"),
+        ("dense", "lltm"),
+    ]
+    for row in report["results"]:
+        if row["impl"] == "reference":
+            assert row["step"]["speedup_vs_reference"] == pytest.approx(1.0)
+    header, rows = bench.report.table_rows(*bench.from_json(report))
+    assert header[:3] == ["size", "loss", "impl"]
+    assert [row[1] for row in rows] == ["sum", "sum", "dense", "dense"]
+    with pytest.raises(SystemExit):
+        cli.parse(["--overhead", "--loss", "sum"])  # the fixed cost: dense gradients only
+
+
 def test_inputs_grad_differentiates_the_inputs_too(capsys):
     env = _run_json(capsys, *EAGER, "--inputs-grad")["environment"]
     assert (env["case"], env["inputs_grad"]) == ("cell", True)
@@ -119,10 +159,13 @@ def test_json_to_file_and_table(tmp_path, capsys):
 
 
 def test_table_without_rich(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "rich.console", None)  # import fails
+    # Imports of rich fail (the progress bar's too: two losses, two rows of sizes).
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    monkeypatch.setitem(sys.modules, "rich.progress", None)
     assert bench.main([*FAST, "--impl", "lltm"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("lltm ") and any(line.startswith("2x3x4  lltm") for line in lines)
+    assert lines[0].startswith("lltm ")
+    assert any(line.split()[:3] == ["2x3x4", "sum", "lltm"] for line in lines)
 
 
 @pytest.fixture
@@ -195,7 +238,7 @@ def test_sweep_runs_every_size(monkeypatch, capsys):
     report = _run_json(capsys, *EAGER, "--sweep")
     sizes = {(r["batch"], r["features"], r["state"]) for r in report["results"]}
     assert sizes == {(1, 2, 3), (2, 3, 4), (3, 1, 2)}
-    assert len(report["results"]) == 3 * 4
+    assert len(report["results"]) == 3 * 2 * 4  # sizes x losses x implementations
 
 
 def test_sweep_with_a_progress_bar(monkeypatch, capsys):
@@ -218,10 +261,15 @@ def test_sweep_with_a_progress_bar(monkeypatch, capsys):
     monkeypatch.setattr(rich_progress.Progress, "update", update)
     monkeypatch.setattr(rich_progress.Progress, "advance", advance)
     assert bench.main([*FAST, "--impl", "lltm", "--sweep"]) == 0
-    # One label per size; one step per block: 2 sizes x 2 implementations
-    # (reference always runs) x 3 phases x 2 blocks.
-    assert [d.split()[0] for d in descriptions] == ["1x2x3", "2x3x4"]
-    assert sum(advances) == 2 * 2 * len(bench.PHASES) * 2
+    # One label per size and loss; one step per block: 2 sizes x 2 losses x 2
+    # implementations (reference always runs) x 3 phases x 2 blocks.
+    assert [d.split()[:2] for d in descriptions] == [
+        ["1x2x3", "sum"],
+        ["1x2x3", "dense"],
+        ["2x3x4", "sum"],
+        ["2x3x4", "dense"],
+    ]
+    assert sum(advances) == 2 * 2 * 2 * len(bench.PHASES) * 2
     table = capsys.readouterr().out
     assert "1x2x3" in table and "2x3x4" in table
 
@@ -322,7 +370,9 @@ def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys
     # Every LLTM implementation's step rate in GFLOP/s of the products it
     # needs, and that against a large GEMM timed in the same run.
     report = _run_json(
-        capsys, "--seq-len", "3", "--impl", "all", *(["--inputs-grad"] if inputs_grad else [])
+        capsys,
+        *("--seq-len", "3", "--impl", "all", "--loss", "sum"),
+        *(["--inputs-grad"] if inputs_grad else []),
     )
     large = report["environment"]["large_gemm"]
     assert large["n"] == kinds.LARGE_GEMM["cpu"] and large["blocks"] == 2
@@ -341,7 +391,7 @@ def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys
     # The table: the step's rate and fraction, the large GEMM's in the title.
     header, rows = bench.report.table_rows(*bench.from_json(report))
     column = header.index("step GFLOP/s (of the large GEMM's)")
-    by_impl = {row[2]: row[column] for row in rows}
+    by_impl = {row[header.index("impl")]: row[column] for row in rows}
     assert by_impl["lstm"] == "-"
     assert all("(" in by_impl[impl] for impl in SEQUENCE_IMPLS if impl != "lstm")
     title = bench.report.title(bench.from_json(report)[1])
@@ -387,12 +437,14 @@ def test_sequence_plot_against_length(tmp_path, saved_figures):
 
 
 def test_sequence_with_several_sizes(capsys):
-    report = _run_json(capsys, "--sizes", "2x3x4,1x2x3", "--seq-len", "2", "--impl", "lltm-loop")
-    assert [(r["batch"], r["seq_len"], r["impl"]) for r in report["results"]] == [
-        (2, 2, "reference-loop"),
-        (2, 2, "lltm-loop"),
-        (1, 2, "reference-loop"),
-        (1, 2, "lltm-loop"),
+    report = _run_json(
+        capsys, "--sizes", "2x3x4,1x2x3", "--seq-len", "2", "--impl", "lltm-loop", "--loss", "sum"
+    )
+    assert [(r["batch"], r["seq_len"], r["loss"], r["impl"]) for r in report["results"]] == [
+        (2, 2, "sum", "reference-loop"),
+        (2, 2, "sum", "lltm-loop"),
+        (1, 2, "sum", "reference-loop"),
+        (1, 2, "sum", "lltm-loop"),
     ]
     # nn.LSTM not asked for: no column compares with it.
     header, _ = bench.report.table_rows(*bench.from_json(report))
@@ -423,8 +475,14 @@ def test_per_sample_defaults():
     assert args.impl == ["lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap"]
     args = cli.parse(["--per-sample", "-b", "8", "--seq-len", "10,20"])
     assert cli.sizes_of(args) == [kinds.Size(8, 32, 128, t) for t in (10, 20)]
-    assert cli.sizes_of(cli.parse([])) == [kinds.Size(16, 32, 128)]
-    assert cli.sizes_of(cli.parse(["--seq-len", "5"])) == [kinds.Size(16, 32, 128, 5)]
+    # Cells and sequences: the tutorial's loss, then dense gradients.
+    assert cli.sizes_of(cli.parse([])) == [
+        kinds.Size(16, 32, 128, loss="sum"),
+        kinds.Size(16, 32, 128, loss="dense"),
+    ]
+    assert cli.sizes_of(cli.parse(["--seq-len", "5", "--loss", "dense"])) == [
+        kinds.Size(16, 32, 128, 5, "dense")
+    ]
 
 
 def test_per_sample_table_has_no_columns_it_does_not_measure(capsys):
@@ -530,8 +588,11 @@ def test_overhead_defaults_to_the_smallest_cell():
     assert args.impl == OVERHEAD_IMPLS
     assert cli.sizes_of(cli.parse(["--overhead", "-s", "8"])) == [kinds.Size(1, 2, 8)]
     assert cli.sizes_of(cli.parse(["--overhead", "--sizes", "3x4x5"])) == [kinds.Size(3, 4, 5)]
-    # The other kinds keep their sizes.
-    assert cli.sizes_of(cli.parse(["-s", "8"])) == [kinds.Size(16, 32, 8)]
+    # The other kinds keep their sizes (and their losses).
+    assert cli.sizes_of(cli.parse(["-s", "8"])) == [
+        kinds.Size(16, 32, 8, loss="sum"),
+        kinds.Size(16, 32, 8, loss="dense"),
+    ]
 
 
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
@@ -725,8 +786,8 @@ def test_render_a_sequence_run(render, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "sequence, gradients of the parameters only" in lines[2]
     header = next(line for line in lines if line.startswith("| size"))
-    assert header.startswith("| size | T | impl |") and "vs nn.LSTM" in header
-    assert sum(line.startswith("| 2x3x4 | 3 |") for line in lines) == len(SEQUENCE_IMPLS)
+    assert header.startswith("| size | T | loss | impl |") and "vs nn.LSTM" in header
+    assert sum(line.startswith("| 2x3x4 | 3 |") for line in lines) == 2 * len(SEQUENCE_IMPLS)
     assert plot.read_bytes()[:8] == PNG
 
 

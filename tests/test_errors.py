@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ALL_GRADS, TORCH, make_inputs
+from conftest import ALL_GRADS, TORCH, kernel_text, make_inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lltm
-from lltm import _composite
-from lltm.ops import errors, library
+from lltm import _composite, _errors
+from lltm.ops import library
 
 B, F, S = 2, 3, 4
 
@@ -318,9 +318,10 @@ def test_fake_kernel_raises_the_same_backward(case):
 # --- The documented type, under every torch ------------------------------------
 # Only the text of a kernel's exception crosses torch's stable ABI: its
 # argument errors reach Python as ValueError through torch 2.14 and as
-# RuntimeError from 2.15, and lltm.ops.errors gives them their type back. The
-# tests above hold the result under the torch they run with; these hold the
-# mechanism under any torch, fed a kernel's message as 2.15 delivers it.
+# RuntimeError from 2.15. The kernels say which type they mean in the text
+# (csrc/lltm_errors.h), and lltm._errors reads it in one place. The tests
+# above hold the result under the torch they run with; these hold the
+# mechanism under any torch, fed a kernel's text as each torch delivers it.
 
 
 @pytest.mark.parametrize(
@@ -328,17 +329,38 @@ def test_fake_kernel_raises_the_same_backward(case):
     [(library.forward, case) for case in FORWARD_CASES if "meta" not in case]
     + [(library.backward, case) for case in BACKWARD_CASES if "meta" not in case],
 )
-def test_a_kernels_argument_error_gets_its_type_back(op, case):
+@pytest.mark.parametrize("delivered_as", [RuntimeError, ValueError])
+def test_a_kernels_argument_error_gets_its_type_back(op, case, delivered_as):
     args, _ = (FORWARD_CASES if op is library.forward else BACKWARD_CASES)[case]
     message = _eager_message(op, args)
-    restored = errors.typed(RuntimeError(message), op, tuple(args))
+    raw = kernel_text(op, args)
+    assert raw == "lltm: [ValueError] " + message.removeprefix("lltm: ")
+    restored = _errors.documented(delivered_as(raw))
     assert type(restored) is ValueError and str(restored) == message
 
 
-def test_a_failure_with_valid_arguments_stays_a_runtime_error():
-    args = _with()
-    failure = RuntimeError("lltm: the matrix product failed: some reason of torch's")
-    assert errors.typed(failure, library.forward, tuple(args)) is failure
+@pytest.mark.parametrize(
+    "text",
+    [
+        "lltm: the matrix product failed: some reason of torch's",
+        "lltm: launching lltm forward_kernel failed: unspecified launch failure",
+        "not lltm's: the message of a saved-tensor hook",
+        "[ValueError] not lltm's either",
+    ],
+)
+def test_a_failure_that_is_no_argument_error_stays_what_it_is(text, monkeypatch):
+    # An invalid LLTM_CPU_ISA makes every CPU kernel call an argument error;
+    # it changes nothing for errors that did not come from one.
+    monkeypatch.setenv("LLTM_CPU_ISA", "no such set")
+    assert _errors.documented(RuntimeError(text)) is None
+
+
+def test_an_out_of_memory_becomes_torch_out_of_memory_error():
+    text = "lltm: allocating an output tensor failed: CUDA out of memory. Tried to allocate 2 GiB."
+    converted = _errors.documented(RuntimeError(text))
+    assert isinstance(converted, torch.OutOfMemoryError) and str(converted) == text
+    # Someone else's out-of-memory is not lltm's to convert.
+    assert _errors.documented(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB.")) is None
 
 
 @pytest.mark.parametrize("case", ["weights_features", "old_h_batch", "input_int64", "bias_size"])
@@ -349,14 +371,20 @@ def test_inference_mode(case):
         with pytest.raises(ValueError) as info:
             lltm.lltm_cell(*args)
         _assert_lltm_error(info.value, pattern)
+        # So inside an autocast region too, whose kernel is the last Python
+        # on the way to the kernel in inference mode.
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError) as info:
+            lltm.lltm_cell(*args)
+        _assert_lltm_error(info.value, pattern)
         # The operator called directly in inference mode reaches the kernel
         # with no Python in between (no Autograd key): the type is torch's,
         # ValueError through 2.14 (pybind11's for std::invalid_argument),
-        # RuntimeError from 2.15; the text is the same.
+        # RuntimeError from 2.15; the text names the type lltm means.
         with pytest.raises(Exception) as info:
             torch.ops.lltm.forward(*args)
         assert type(info.value) is (RuntimeError if TORCH >= (2, 15) else ValueError)
-        assert str(info.value).startswith("lltm: ") and re.match(pattern, str(info.value)[6:])
+        text = str(info.value)
+        assert text.startswith("lltm: [ValueError] ") and re.match(pattern, text[19:])
 
 
 # --- What is valid -------------------------------------------------------------

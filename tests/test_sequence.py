@@ -13,13 +13,12 @@ import itertools
 
 import pytest
 import torch
-from conftest import ARG_NAMES, GRAD_NAMES, INDUCTOR, assert_all_close
+from conftest import ARG_NAMES, GRAD_NAMES, INDUCTOR, assert_all_close, kernel_text
 from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lltm
-from lltm import _composite, reference
-from lltm.ops import errors, library
+from lltm import _composite, _errors, reference
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -613,13 +612,13 @@ def test_bad_arguments_name_the_argument(case, kernel):
 
 @pytest.mark.parametrize("case", SEQUENCE_ERRORS)
 def test_a_kernels_argument_error_gets_its_type_back(case):
-    # The message as torch >= 2.15 delivers it, a RuntimeError (only the text
-    # crosses the stable ABI): lltm.ops.errors restores the ValueError.
+    # The kernel's text as torch >= 2.15 delivers it, a RuntimeError (only
+    # the text crosses the stable ABI): lltm._errors restores the ValueError.
     args, _ = SEQUENCE_ERRORS[case]
     with pytest.raises(ValueError) as info:
         torch.ops.lltm.sequence_forward(*args)
     message = str(info.value)
-    restored = errors.typed(RuntimeError(message), library.sequence_forward, tuple(args))
+    restored = _errors.documented(RuntimeError(kernel_text(torch.ops.lltm.sequence_forward, args)))
     assert type(restored) is ValueError and str(restored) == message
 
 
@@ -677,7 +676,7 @@ def test_bad_backward_arguments_name_the_argument(case, op):
         composite(*args)
     assert str(composite_info.value) == message
     # As torch >= 2.15 delivers it: a RuntimeError with the kernel's text.
-    restored = errors.typed(RuntimeError(message), getattr(library, op), tuple(args))
+    restored = _errors.documented(RuntimeError(kernel_text(native, args)))
     assert type(restored) is ValueError and str(restored) == message
 
 

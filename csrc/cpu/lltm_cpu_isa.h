@@ -30,6 +30,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "../lltm_errors.h"
+
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(_MSC_VER)
 #define LLTM_X86_DISPATCH 1
@@ -125,12 +127,12 @@ inline Isa detect_isa() {
       return isa_rank(cap) < isa_rank(best) ? cap : best;
     }
   }
-  throw std::invalid_argument(std::string("lltm: LLTM_CPU_ISA=") + requested +
-                              " is not an instruction set of lltm's CPU kernels; use " +
-                              kIsaChoices + ", or unset it for the widest this CPU supports");
+  fail_argument(std::string("LLTM_CPU_ISA=") + requested +
+                " is not an instruction set of lltm's CPU kernels; use " + kIsaChoices +
+                ", or unset it for the widest this CPU supports");
 }
 
-// The set in use, chosen at the first call. Throws std::invalid_argument
+// The set in use, chosen at the first call. Raises an argument error
 // (a ValueError in Python) while LLTM_CPU_ISA is invalid: a static whose
 // initialisation throws is initialised again at the next call. Kernels call
 // it on entry, before any parallel region, so the error reaches the caller.

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from . import _errors
+
 # Where a package keeps its library, and the library's file name: not an
 # importable name (a .so beside the package's modules would be taken for an
 # extension module by tools that walk the package).
@@ -96,7 +98,7 @@ class CpuLibrary(Library):
     def cpu_isa(self) -> str:
         ok, text = self._cpu_isa()
         if not ok:
-            raise ValueError(text)
+            raise _errors.from_message(text)
         return text
 
 

@@ -75,7 +75,15 @@ Phases: forward (recording the autograd graph), backward (from a retained
 graph, the gradients of new_h.sum() + new_cell.sum(), or of output.sum() +
 h_n.sum() + c_n.sum() for sequences, with respect to every tensor that
 requires grad) and step (both, on a fresh graph each time); per-sample
-gradients have only the step. Each measurement is a block of calls timed by
+gradients have only the step.
+
+Loss (--loss, cells and sequences): each size runs twice, a row per loss.
+"sum" differentiates that sum as the tutorial's benchmark does,
+(new_h.sum() + new_cell.sum()).backward(): each output's gradient reaches
+the cell as one value broadcast by stride 0, and the gradients accumulate in
+.grad. "dense" hands autograd the same gradients as dense tensors of ones
+(torch.autograd.grad), as from a loss that reads every element. Speed-ups
+compare rows of the same loss. Each measurement is a block of calls timed by
 torch.utils.benchmark (warm-up, GPU synchronisation); the implementations take turns block by block so that
 machine noise hits them alike. The table gives min / median over blocks, and
 speed-ups of medians against the baseline; for sequences also against

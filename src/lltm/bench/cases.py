@@ -83,21 +83,30 @@ class AutogradCase(Case):
     """A module called on fixed inputs, differentiated by autograd.
 
     ``call`` returns the outputs whose sum is the loss: (new_h, new_cell) for
-    a cell, (output, h_n, c_n) for a sequence. Gradients of ones are the
-    gradients of that sum. ``inputs`` are every tensor the call reads,
+    a cell, (output, h_n, c_n) for a sequence. ``loss`` says how it is
+    differentiated (kinds.LOSSES): "sum" as the tutorial's benchmark does,
+    ``(new_h.sum() + new_cell.sum()).backward()``, accumulating into the
+    leaves' ``.grad``; "dense" with autograd handed dense ones, the gradient
+    of that sum, for each output. ``inputs`` are every tensor the call reads,
     parameters included; the backward phases differentiate with respect to
     those among them that require grad, and only those.
     """
 
     def __init__(
-        self, impl: str, call: Callable[[], Sequence[Tensor]], inputs: Sequence[Tensor]
+        self,
+        impl: str,
+        call: Callable[[], Sequence[Tensor]],
+        inputs: Sequence[Tensor],
+        loss: str = "dense",
     ) -> None:
         super().__init__(impl)
         self.call = call
         self.inputs = list(inputs)
         self.leaves = [t for t in self.inputs if t.requires_grad]
+        self.loss = loss
         self._graph: tuple[Tensor, ...] | None = None
         self._ones: tuple[Tensor, ...] | None = None
+        self._summed: Tensor | None = None
 
     def forward(self) -> Any:
         """Calls the module."""
@@ -113,11 +122,17 @@ class AutogradCase(Case):
         if self._graph is None:  # one graph, kept for every backward block
             self._graph = tuple(self.call())
             self._ones = tuple(torch.ones_like(t) for t in self._graph)
+            self._summed = _summed(self._graph)
+        if self.loss == "sum":
+            assert self._summed is not None
+            return self._summed.backward(retain_graph=True)
         return torch.autograd.grad(self._graph, self.leaves, self._ones, retain_graph=True)
 
     def step(self) -> Any:
         """Calls the module and differentiates its outputs' sum."""
         outputs = tuple(self.call())
+        if self.loss == "sum":
+            return _summed(outputs).backward()
         if self._ones is None:
             self._ones = tuple(torch.ones_like(t) for t in outputs)
         return torch.autograd.grad(outputs, self.leaves, self._ones)
@@ -140,6 +155,14 @@ class AutogradCase(Case):
         inputs = {t.untyped_storage().data_ptr() for t in self.inputs}
         beyond = sum(n for ptr, n in storages.items() if ptr not in inputs)
         return sum(storages.values()), beyond
+
+
+def _summed(outputs: Sequence[Tensor]) -> Tensor:
+    """The tutorial's loss, ``new_h.sum() + new_cell.sum()``, of any number of outputs."""
+    loss = outputs[0].sum()
+    for output in outputs[1:]:
+        loss = loss + output.sum()
+    return loss
 
 
 class GemmCase(Case):
@@ -244,11 +267,15 @@ def make_case(
     if size.seq_len is None:
         x, h, c = tensor(b, f), tensor(b, s), tensor(b, s)
         module = _cell_module(impl, ref)
-        return AutogradCase(impl, lambda: module(x, (h, c)), [x, h, c, *module.parameters()])
+        return AutogradCase(
+            impl, lambda: module(x, (h, c)), [x, h, c, *module.parameters()], size.loss
+        )
     # (num_layers * directions, batch, state), as nn.LSTM and LLTMSequence take it.
     x, h_0, c_0 = tensor(size.seq_len, b, f), tensor(1, b, s), tensor(1, b, s)
     module, call = _sequence_module(impl, ref)
-    return AutogradCase(impl, lambda: call(x, h_0, c_0), [x, h_0, c_0, *module.parameters()])
+    return AutogradCase(
+        impl, lambda: call(x, h_0, c_0), [x, h_0, c_0, *module.parameters()], size.loss
+    )
 
 
 def _cell_module(impl: str, ref: reference.LLTM) -> torch.nn.Module:

@@ -76,7 +76,12 @@ def sizes_of(args: argparse.Namespace) -> list[Size]:
         shapes = list(kinds.SWEEP)
     else:
         shapes = [(args.batch_size, args.features, args.state_size)]
-    return [Size(*shape, seq_len) for shape in shapes for seq_len in args.seq_len or [None]]
+    return [
+        Size(*shape, seq_len, loss)
+        for shape in shapes
+        for seq_len in args.seq_len or [None]
+        for loss in args.loss
+    ]
 
 
 def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
@@ -104,7 +109,8 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     ) as start:
         for size in sizes:
             length = "" if size.seq_len is None else f" T={size.seq_len}"
-            advance = start(f"{size}{length} {dtype} {device}")
+            loss = f" {size.loss} loss" if len(args.loss) > 1 else ""
+            advance = start(f"{size}{length}{loss} {dtype} {device}")
             ready: list[cases.Case] = []
             for impl in impls:
                 try:
@@ -149,6 +155,8 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     env["case"] = kind.name
     env["inputs_grad"] = args.inputs_grad
     env["seq_len"] = args.seq_len
+    if len(kind.losses) > 1:
+        env["losses"] = args.loss
     if gemm_times:
         env["large_gemm"] = {
             "n": gemm_n,
@@ -191,11 +199,12 @@ def _lengths(text: str) -> list[int]:
 
 def _size_list(text: str) -> list[Size]:
     try:
-        sizes = [
-            Size(*(int(n) for n in item.lower().split("x")))
-            for item in text.split(",")
-            if item.strip()
+        shapes = [
+            [int(n) for n in item.lower().split("x")] for item in text.split(",") if item.strip()
         ]
+        sizes = [Size(b, f, s) for b, f, s in (shape for shape in shapes if len(shape) == 3)]
+        if len(sizes) != len(shapes):
+            sizes = []
     except (TypeError, ValueError):
         sizes = []
     if (
@@ -277,6 +286,15 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the inputs and state require grad too (default: only the parameters, "
         "as in the tutorial)",
+    )
+    what.add_argument(
+        "--loss",
+        type=_names,
+        metavar="NAMES",
+        help="how the backward phases differentiate the sum of the outputs, a row each: "
+        "sum (the tutorial's new_h.sum() + new_cell.sum(): gradients broadcast by stride 0), "
+        "dense (dense gradients, as from a loss that reads each element); cells and "
+        "sequences default to sum,dense, the other kinds take dense only",
     )
     what.add_argument(
         "--impl",
@@ -366,6 +384,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             f"choose among {_choices(kind)}"
         )
     args.impl = names
+    losses = args.loss or list(kind.losses)
+    if any(loss not in kinds.LOSSES for loss in losses) or not set(losses) <= set(kind.losses):
+        p.error(
+            f"argument --loss: a {kind.name} case takes {', '.join(kind.losses)}; "
+            f"got {','.join(losses)}"
+        )
+    args.loss = list(dict.fromkeys(losses))
     return args
 
 

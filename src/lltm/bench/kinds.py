@@ -25,14 +25,24 @@ SWEEP = (
 )
 
 
+# The loss the backward phases differentiate, the sum of every output's
+# elements either way: "sum" computes it as the tutorial's benchmark does,
+# new_h.sum() + new_cell.sum(), so that each output's gradient reaches the
+# cell as one value broadcast by stride 0; "dense" hands autograd the same
+# gradients as dense tensors of ones, as a loss that reads each element
+# (a mean squared error, say) gives.
+LOSSES = ("sum", "dense")
+
+
 @dataclass(frozen=True)
 class Size:
-    """batch x features x state, and for a sequence its length (None: one cell step)."""
+    """batch x features x state, a sequence's length (None: one cell step), and the loss."""
 
     batch: int
     features: int
     state: int
     seq_len: int | None = None
+    loss: str = "dense"
 
     def __str__(self) -> str:
         return f"{self.batch}x{self.features}x{self.state}"
@@ -58,6 +68,8 @@ class Kind:
     counts_flops: bool = False
     """Whether its LLTM implementations' rows report GFLOP/s of the products
     they need (flops.product_flops), against a large GEMM timed in the same run."""
+    losses: tuple[str, ...] = ("dense",)
+    """The losses (LOSSES) its backward phases differentiate by default, a row each."""
 
 
 CELL = Kind(
@@ -66,6 +78,7 @@ CELL = Kind(
     defaults=("reference", "compiled", "lltm", "lstmcell"),
     baseline="reference",
     sequences=False,
+    losses=LOSSES,
 )
 SEQUENCE = Kind(
     "sequence",
@@ -74,6 +87,7 @@ SEQUENCE = Kind(
     baseline="reference-loop",
     rival="lstm",
     counts_flops=True,
+    losses=LOSSES,
 )
 PER_SAMPLE = Kind(
     "per-sample",

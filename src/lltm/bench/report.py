@@ -117,7 +117,14 @@ def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
             for phase in kind_of_env(env).phases
             if row[phase]["min_s"] is not None
         }
-        size = Size(row["batch"], row["features"], row["state"], row.get("seq_len"))
+        # Files written before the loss was a choice differentiated dense ones.
+        size = Size(
+            row["batch"],
+            row["features"],
+            row["state"],
+            row.get("seq_len"),
+            row.get("loss", "dense"),
+        )
         results.append(
             Result(
                 size,
@@ -225,9 +232,12 @@ def table_rows(
     # written before they were counted).
     flops = any(r.flops for r in results)
 
+    # Runs that chose the loss (files written before differentiated dense ones).
+    losses = "losses" in env
     header = [
         "size",
         *(["T"] if kind.sequences else []),
+        *(["loss"] if losses else []),
         "impl",
         *(f"{LONG.get(phase, phase)} min / median" for phase in kind.phases),
         f"speed-up {phases}",
@@ -237,7 +247,12 @@ def table_rows(
     ]
     rows = []
     for r in results:
-        labels = [str(r.size), *([str(r.size.seq_len)] if kind.sequences else []), r.impl]
+        labels = [
+            str(r.size),
+            *([str(r.size.seq_len)] if kind.sequences else []),
+            *([r.size.loss] if losses else []),
+            r.impl,
+        ]
         if r.error:
             rows.append([*labels, f"failed: {r.error}", *[""] * (len(header) - len(labels) - 1)])
             continue
@@ -338,6 +353,9 @@ def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -
     rival = _rival(kind, results)
     comparisons = [kind.baseline, *([rival] if rival else [])]
     lines = {phase: style for phase, style in SPEEDUP_LINES.items() if phase in kind.phases}
+    # One loss per plot: the run's first (the tutorial's, by default).
+    loss = results[0].size.loss if results else "dense"
+    results = [r for r in results if r.size.loss == loss]
     sizes = list(dict.fromkeys(r.size for r in results))
     ticks, xlabel = _axis(sizes, "samples" if kind is PER_SAMPLE else "batch")
     impls = list(dict.fromkeys(r.impl for r in results if not r.error))

@@ -13,6 +13,7 @@ tangents.py     the forward-mode formulas
 vmap.py         batching rules for ``torch.vmap`` and per-sample gradients
 autocast.py     the autocast policy of torch's recurrent ops
 decompositions  the forward operators as core ATen, for ONNX, ExecuTorch, run_decompositions
+flops.py        FLOP formulas, for torch.utils.flop_counter.FlopCounterMode
 eager.py        :func:`cell` and :func:`sequence`, the Python entry points
 ==============  ==================================================================
 
@@ -23,7 +24,7 @@ eager.py        :func:`cell` and :func:`sequence`, the Python entry points
 
 from __future__ import annotations
 
-from . import autocast, autograd, decompositions, fake, vmap  # noqa: F401  (registrations)
+from . import autocast, autograd, decompositions, fake, flops, vmap  # noqa: F401  (registrations)
 from .eager import cell, sequence
 from .library import (
     backward,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._errors import reraise
 from .library import forward, sequence_forward
 
 # Devices whose autocast has a dispatch key in this torch.
@@ -61,8 +62,12 @@ def cast_arguments(device_type: str, args: Sequence[Any]) -> tuple[Any, ...]:
 def _autocast_kernel(op: Any, device_type: str) -> Callable[..., Any]:
     def kernel(*args: Any) -> Any:
         cast = cast_arguments(device_type, args)
-        with torch.autocast(device_type, enabled=False):
-            return op(*cast)
+        try:
+            with torch.autocast(device_type, enabled=False):
+                return op(*cast)
+        except (RuntimeError, ValueError) as error:
+            # Inside inference mode no Autograd kernel runs after this one.
+            reraise(error)
 
     return kernel
 

@@ -49,18 +49,18 @@ from torch import Tensor
 from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd.function import _SingleLevelFunction
 
-from .. import _composite
+from .. import _composite, _probes
+from .._errors import reraise
 from . import tangents
-from .errors import typed
 from .library import (
     backward,
-    below_autograd,
-    direct,
     forward,
     sequence_backward,
     sequence_forward,
     sequence_gate_grads,
 )
+
+below_autograd = _probes.below_autograd
 
 
 def differentiating(args: Sequence[Any]) -> bool:
@@ -69,7 +69,7 @@ def differentiating(args: Sequence[Any]) -> bool:
     It must when a torch.func transform is active, or grad mode is on and an
     argument requires grad, or an argument carries a forward-mode tangent.
     """
-    if torch._C._are_functorch_transforms_active():
+    if _probes.functorch_transforms_active():
         return True
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
         return True
@@ -99,9 +99,10 @@ def _differentiated_again(inputs: Sequence[Tensor | None]) -> bool:
     Outside torch.func: create_graph=True, reverse mode over forward mode; that
     is, grad mode on, and an input requires grad.
     """
-    if torch._C._are_functorch_transforms_active():
-        return False  # decided at the forward: see _forward_kernel
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    # Grad mode first: autograd runs a plain backward with it off.
+    if not torch.is_grad_enabled() or _probes.functorch_transforms_active():
+        return False  # under torch.func, decided at the forward: see _forward_kernel
+    return any(t is not None and t.requires_grad for t in inputs)
 
 
 # Set while a Function's backward calls a backward operator under torch.func:
@@ -126,21 +127,40 @@ def _backward_op(op: Callable[..., _Result], *args: Any) -> _Result:
     see _forward_kernel), so the operator's Autograd kernel is told to go to
     the kernels, and vmap still applies its rules on the way.
     """
-    functorch = torch._C._are_functorch_transforms_active()
-    previous = getattr(_within_backward, "active", False)
-    _within_backward.active = functorch
     try:
-        if functorch:
+        if not _probes.functorch_transforms_active():
+            with below_autograd():
+                result: _Result = _BACKWARD_KERNEL_CALLS[op](*args)
+                return result
+        previous = getattr(_within_backward, "active", False)
+        _within_backward.active = True
+        try:
             return op(*args)
-        with below_autograd():
-            return op(*args)
-    except RuntimeError as error:
-        raise typed(error, op, args) from None
-    finally:
-        _within_backward.active = previous
+        finally:
+            _within_backward.active = previous
+    except (RuntimeError, ValueError) as error:
+        reraise(error)
+
+
+_BACKWARD_KERNEL_CALLS: dict[Any, Callable[..., Any]] = {
+    op: _probes.direct(op) for op in (backward, sequence_backward, sequence_gate_grads)
+}
 
 
 # --- The forward operators ---------------------------------------------------------
+
+
+def _tangents_possible() -> bool:
+    """Whether a Function applied now can be asked for its jvp (else nothing is saved for it).
+
+    Only inside a forward-mode AD level or a torch.func transform can an
+    input carry a tangent.
+    """
+    return _probes.forward_ad_active() or _probes.functorch_transforms_active()
+
+
+_forward_kernel_call = _probes.direct(forward)
+_sequence_forward_kernel_call = _probes.direct(sequence_forward)
 
 
 class CellFunction(_SingleLevelFunction):
@@ -160,7 +180,7 @@ class CellFunction(_SingleLevelFunction):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Runs the kernels, below the autograd key."""
         with below_autograd():
-            return forward(input, weights, bias, old_h, old_cell)
+            return _forward_kernel_call(input, weights, bias, old_h, old_cell)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
@@ -168,7 +188,8 @@ class CellFunction(_SingleLevelFunction):
         _new_h, new_cell, gates = output
         ctx.mark_non_differentiable(gates)
         ctx.save_for_backward(*inputs, new_cell, gates)
-        ctx.save_for_forward(*inputs, new_cell, gates)
+        if _tangents_possible():
+            ctx.save_for_forward(*inputs, new_cell, gates)
         # An output that does not reach the loss has None for a gradient
         # (no zeros allocated and multiplied); backward handles it.
         ctx.set_materialize_grads(False)
@@ -240,7 +261,9 @@ class SequenceFunction(_SingleLevelFunction):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Runs the kernels, below the autograd key."""
         with below_autograd():
-            return sequence_forward(input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+            return _sequence_forward_kernel_call(
+                input, weights, bias, old_h, old_cell, batch_sizes, reverse
+            )
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
@@ -249,7 +272,8 @@ class SequenceFunction(_SingleLevelFunction):
         out, _h_n, _c_n, gates, cells = output
         ctx.mark_non_differentiable(gates, cells)
         ctx.save_for_backward(*tensors, out, gates, cells)
-        ctx.save_for_forward(*tensors, out, gates, cells)
+        if _tangents_possible():
+            ctx.save_for_forward(*tensors, out, gates, cells)
         ctx.reverse = reverse
         ctx.set_materialize_grads(False)
 
@@ -292,116 +316,6 @@ class SequenceFunction(_SingleLevelFunction):
         return d_output, d_h_n, d_c_n, None, None
 
 
-# --- Plain eager calls ------------------------------------------------------------
-# What lltm.lltm_cell and the modules apply when only ordinary autograd is in
-# play (eager.py decides): the same kernels and formulas as the Functions
-# above, with nothing that only transforms need. Only the differentiable
-# outputs are outputs (the activations are saved, not returned and marked),
-# nothing is saved for forward mode, and backward goes straight to the kernels
-# unless what it computes may be differentiated again or a torch.func
-# transform runs it, where the Functions above decide. Every step pays for
-# what a Function does per call, which is why these exist.
-
-_forward_kernel_call = direct(forward)
-_backward_kernel_call = direct(backward)
-_sequence_forward_kernel_call = direct(sequence_forward)
-_sequence_backward_kernel_call = direct(sequence_backward)
-
-
-class EagerCellFunction(_SingleLevelFunction):
-    """lltm::forward's kernel and reverse-mode derivative for plain eager calls.
-
-    Outputs (new_h, new_cell). Saves what CellFunction saves, in the same
-    order, so that its backward can stand in for this one's.
-    """
-
-    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
-
-        @staticmethod
-        def apply(
-            input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
-        ) -> tuple[Tensor, Tensor]:
-            """Applies the Function: (new_h, new_cell)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        input: Tensor,
-        weights: Tensor,
-        bias: Tensor | None,
-        old_h: Tensor,
-        old_cell: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """Runs the kernel below the autograd key and saves the activations."""
-        with below_autograd():
-            new_h, new_cell, gates = _forward_kernel_call(input, weights, bias, old_h, old_cell)
-        ctx.save_for_backward(input, weights, bias, old_h, old_cell, new_cell, gates)
-        return new_h, new_cell
-
-    @staticmethod
-    def backward(ctx: Any, grad_h: Tensor, grad_cell: Tensor) -> tuple[Tensor | None, ...]:
-        """The gradients autograd asks for, straight from the backward kernel where it can."""
-        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
-            return CellFunction.backward(ctx, grad_h, grad_cell, None)
-        # Gradients of outputs that do not reach the loss come as zeros
-        # (materialised by autograd), which the kernel needs anyway.
-        input, weights, _bias, old_h, _old_cell, new_cell, gates = ctx.saved_tensors
-        args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, ctx.needs_input_grad)
-        try:
-            with below_autograd():
-                return _backward_kernel_call(*args)
-        except RuntimeError as error:
-            raise typed(error, backward, args) from None
-
-
-class EagerSequenceFunction(_SingleLevelFunction):
-    """lltm::sequence_forward's kernel and reverse-mode derivative for plain eager calls.
-
-    As EagerCellFunction; outputs (output, h_n, c_n).
-    """
-
-    if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
-
-        @staticmethod
-        def apply(
-            input: Tensor,
-            weights: Tensor,
-            bias: Tensor | None,
-            old_h: Tensor,
-            old_cell: Tensor,
-            batch_sizes: Tensor | None,
-            reverse: bool,
-        ) -> tuple[Tensor, Tensor, Tensor]:
-            """Applies the Function: (output, h_n, c_n)."""
-
-    @staticmethod
-    def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
-        """Runs the kernel below the autograd key and saves the activations."""
-        with below_autograd():
-            output, h_n, c_n, gates, cells = _sequence_forward_kernel_call(*args)
-        *tensors, reverse = args  # input, weights, bias, old_h, old_cell, batch_sizes
-        ctx.save_for_backward(*tensors, output, gates, cells)
-        ctx.reverse = reverse
-        ctx.set_materialize_grads(False)
-        return output, h_n, c_n
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
-        """The gradients autograd asks for, as EagerCellFunction.backward."""
-        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
-            return SequenceFunction.backward(ctx, *grads, None, None)
-        input, weights, _bias, old_h, _old_cell, batch_sizes, *saved = ctx.saved_tensors
-        args = (
-            *grads, *saved, input, weights, old_h, batch_sizes, ctx.reverse,
-            ctx.needs_input_grad[:5],
-        )  # fmt: skip
-        try:
-            with below_autograd():
-                return (*_sequence_backward_kernel_call(*args), None, None)
-        except RuntimeError as error:
-            raise typed(error, sequence_backward, args) from None
-
-
 # --- Registration ----------------------------------------------------------------------
 
 
@@ -412,7 +326,7 @@ def _forward_kernel(
 ) -> Callable[..., Any]:
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
         try:
-            if torch._C._are_functorch_transforms_active() and _nested_differentiation():
+            if _probes.functorch_transforms_active() and _nested_differentiation():
                 # Derivatives of derivatives under torch.func (see the
                 # module's docstring): the plain-torch formulas.
                 return composite(*args)
@@ -421,8 +335,8 @@ def _forward_kernel(
                     return function.apply(*args)
             with below_autograd():
                 return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
-        except RuntimeError as error:
-            raise typed(error, op, args) from None
+        except (RuntimeError, ValueError) as error:
+            reraise(error)
 
     return kernel
 
@@ -434,8 +348,8 @@ def _backward_kernel(op: Any, math: Callable[..., Any]) -> Callable[..., Any]:
         try:
             with below_autograd():
                 return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
-        except RuntimeError as error:
-            raise typed(error, op, args) from None
+        except (RuntimeError, ValueError) as error:
+            reraise(error)
 
     return kernel
 

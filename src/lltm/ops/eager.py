@@ -1,62 +1,68 @@
 """The entry points behind ``lltm.lltm_cell``, ``lltm.lltm_sequence`` and the modules.
 
-Each call takes the fastest path that computes the same thing:
-
-* Plain eager mode (the common case), decided once per call by
-  :func:`plain_eager`: the Functions of autograd.py made for it
-  (``EagerCellFunction``, ``EagerSequenceFunction``) applied directly, or the
-  bare kernel when nothing needs a gradient. This skips a trip through the
-  dispatcher's Autograd key, which at the tutorial's size costs about a third
-  of the cell's forward time, and everything that only transforms need.
-* Anything else in play (torch.compile, a torch.func transform,
-  ``torch.jit.trace``, forward-mode AD, autocast): the registered operator,
-  whose dispatch keys serve each of them; jit.trace records it as an lltm op.
-* A GPU that the CUDA plugin has no code for: the composite kernel in plain
-  torch ops, differentiated by autograd (one warning, from _backends).
+A call computes exactly what calling the operator computes: the same
+kernels, the same autograd Function, the same saved tensors, the same
+errors. In plain eager mode (see :func:`fast_path`) it only skips the
+dispatcher's trip to the operator's Autograd kernel, about a third of the
+cell's forward at the tutorial's size, and does what that kernel would do
+there: apply the operator's Function (autograd.py) when something is to be
+differentiated, else call the kernel below the autograd key. In every other
+mode it calls the operator, whose dispatch keys serve the mode. A GPU that
+the CUDA plugin has no code for runs the composite kernel in plain torch ops
+instead (one warning, from _backends), in every mode.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-from .. import _backends, _composite
+from .. import _backends, _composite, _probes
 from .._checks import check_forward_args
+from .._errors import reraise
 from . import autocast
-from .autograd import EagerCellFunction, EagerSequenceFunction
-from .errors import typed
-from .library import below_autograd, direct, forward, sequence_forward
+from .autograd import CellFunction, SequenceFunction
+from .library import forward, sequence_forward
 
-_forward_kernel_call = direct(forward)
-_sequence_forward_kernel_call = direct(sequence_forward)
+_forward_kernel_call = _probes.direct(forward)
+_sequence_forward_kernel_call = _probes.direct(sequence_forward)
+_has_torch_function = torch.overrides.has_torch_function
 
 
-def plain_eager() -> bool:
-    """Whether only ordinary autograd is in play.
+def fast_path(args: tuple[Any, ...]) -> bool:
+    """Whether going straight to the operator's Autograd kernel gives what the operator gives.
 
-    That is: no torch.compile or torch.export tracing, torch.func transform,
-    ``torch.jit.trace``, forward-mode AD level or autocast region (of any
-    device). torch.compile reads the first check and goes no further; the
-    others are one read of torch's state each.
+    It does in plain eager mode. Every mode that changes what a call
+    computes, or who sees it, takes the operator: torch.compile and export
+    tracing, ``torch.jit.trace``, a torch.func transform, a forward-mode AD
+    level, an autocast region (of any device), inference mode (whatever the
+    grad mode inside it), anomaly detection (whose messages name the
+    autograd node), a TorchDispatchMode (FakeTensorMode, FlopCounterMode, a
+    user's), and an argument with ``__torch_function__`` or an active
+    TorchFunctionMode, which must see the operators as the dispatcher calls
+    them. Saved-tensor hooks, checkpointing, ``no_grad`` and
+    ``functional_call`` change nothing here: the Function applied is the same.
+    One read of torch's state each; torch.compile reads the first and stops.
     """
     return not (
         torch.compiler.is_compiling()
-        or torch._C._are_functorch_transforms_active()
-        or torch._C._is_tracing()
-        or fwAD._current_level >= 0
-        or torch._C._is_any_autocast_enabled()
+        or torch.compiler.is_exporting()
+        or _probes.functorch_transforms_active()
+        or _probes.forward_ad_active()
+        or _probes.any_autocast_enabled()
+        or torch.is_inference_mode_enabled()
+        or torch.is_anomaly_enabled()
+        or _probes.dispatch_modes_active()
+        or _probes.jit_tracing()
+        or _has_torch_function(args)
     )
 
 
-def _fused_on_gpu(input: Tensor) -> bool:
-    """Whether the CUDA plugin has code for ``input``'s GPU (else the composite kernel runs)."""
-    return _backends.fused_kernels_run_on(input.get_device())
-
-
 def _fused(input: Tensor) -> bool:
-    """Whether lltm's fused kernels serve ``input``'s device."""
-    return not input.is_cuda or _fused_on_gpu(input)
+    """Whether lltm's fused kernels serve ``input``'s device (else the composite kernel runs)."""
+    return not input.is_cuda or _backends.fused_kernels_run_on(input.get_device())
 
 
 def _any_requires_grad(
@@ -72,10 +78,19 @@ def _any_requires_grad(
     )
 
 
+def _composite_call(kernel: Any, args: tuple[Any, ...]) -> Any:
+    """The composite kernel on a device the fused kernels cannot serve, with autocast's casts."""
+    device_type = args[0].device.type
+    if autocast.enabled(device_type):
+        args = autocast.cast_arguments(device_type, args)
+    return kernel(*args)
+
+
 def cell(
     input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor]:
     """One differentiable LLTM step: ``(new_h, new_cell)``."""
+    args = (input, weights, bias, old_h, old_cell)
     if not (
         isinstance(input, Tensor)
         and isinstance(weights, Tensor)
@@ -87,28 +102,22 @@ def cell(
         # (Checked up front, not in an `except`: torch.compile reports errors
         # raised inside an exception handler as graph breaks. Spelled out, not
         # looped: this runs on every step.)
-        check_forward_args(input, weights, bias, old_h, old_cell)  # a TypeError naming it
-    if plain_eager() and (not input.is_cuda or _fused_on_gpu(input)):
-        try:
-            if torch.is_grad_enabled() and _any_requires_grad(
-                input, weights, bias, old_h, old_cell
-            ):
-                return EagerCellFunction.apply(input, weights, bias, old_h, old_cell)
-            with below_autograd():
-                new_h, new_cell, _gates = _forward_kernel_call(
-                    input, weights, bias, old_h, old_cell
-                )
-            return new_h, new_cell
-        except RuntimeError as error:
-            raise typed(error, forward, (input, weights, bias, old_h, old_cell)) from None
-    args = (input, weights, bias, old_h, old_cell)
-    device_type = input.device.type
-    if not _fused(input):
-        if autocast.enabled(device_type):
-            args = autocast.cast_arguments(device_type, args)
-        new_h, new_cell, _gates = _composite.forward(*args)
-        return new_h, new_cell
-    new_h, new_cell, _gates = forward(*args)
+        check_forward_args(*args)  # a TypeError naming it
+    try:
+        if not _fused(input):
+            new_h, new_cell, _gates = _composite_call(_composite.forward, args)
+        elif not fast_path(args):
+            new_h, new_cell, _gates = forward(*args)
+        # What the operator's Autograd kernel does in plain eager mode.
+        elif torch.is_grad_enabled() and _any_requires_grad(*args):
+            new_h, new_cell, _gates = CellFunction.apply(*args)
+        else:
+            with _probes.below_autograd():
+                new_h, new_cell, _gates = _forward_kernel_call(*args)
+    except (RuntimeError, ValueError) as error:
+        # Every mode raises the documented type: inside inference mode no
+        # Python of lltm's runs between the operator and its kernel.
+        reraise(error)
     return new_h, new_cell
 
 
@@ -126,19 +135,14 @@ def sequence(
     Dispatched like :func:`cell`.
     """
     args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
-    if plain_eager() and (not input.is_cuda or _fused_on_gpu(input)):
-        try:
-            if torch.is_grad_enabled() and _any_requires_grad(
-                input, weights, bias, old_h, old_cell
-            ):
-                return EagerSequenceFunction.apply(*args)
-            with below_autograd():
-                return _sequence_forward_kernel_call(*args)[:3]
-        except RuntimeError as error:
-            raise typed(error, sequence_forward, args) from None
-    device_type = input.device.type
-    if not _fused(input):
-        if autocast.enabled(device_type):
-            args = autocast.cast_arguments(device_type, args)
-        return _composite.sequence_forward(*args)[:3]
-    return sequence_forward(*args)[:3]
+    try:
+        if not _fused(input):
+            return _composite_call(_composite.sequence_forward, args)[:3]  # type: ignore[no-any-return]
+        if not fast_path(args):
+            return sequence_forward(*args)[:3]
+        if torch.is_grad_enabled() and _any_requires_grad(input, weights, bias, old_h, old_cell):
+            return SequenceFunction.apply(*args)[:3]
+        with _probes.below_autograd():
+            return _sequence_forward_kernel_call(*args)[:3]
+    except (RuntimeError, ValueError) as error:
+        reraise(error)

@@ -14,9 +14,8 @@ with ``lltm:`` and names the argument.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -209,28 +208,6 @@ Returns:
     and the gradients of ``old_h`` and ``old_cell``.
 """
 
-
-_Params = ParamSpec("_Params")
-_Result = TypeVar("_Result")
-
-
-def direct(op: OpOverload[_Params, _Result]) -> Callable[_Params, _Result]:
-    """What calling ``op`` calls, without the Python frame of ``OpOverload.__call__``.
-
-    The same trip through the dispatcher, which the eager path would otherwise
-    pay a frame for on every kernel call. ``_op`` is private to torch: should
-    it go away, ``op`` itself.
-    """
-    call: Callable[_Params, _Result] = getattr(op, "_op", op)
-    return call
-
-
-# Runs a kernel below the autograd key, as an autograd kernel's own forward
-# must; private to torch, so degrade to a plain (slower, equally correct)
-# call should it ever go away.
-below_autograd: Callable[[], contextlib.AbstractContextManager[Any]] = getattr(
-    torch._C, "_AutoDispatchBelowAutograd", contextlib.nullcontext
-)
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 

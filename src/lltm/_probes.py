@@ -1,0 +1,193 @@
+"""Every private name of torch that lltm reads, each behind one probe.
+
+torch's public API cannot say everything lltm needs to know: whether a
+torch.func transform is running, whether a dispatch mode is active, how to
+call a kernel below the autograd key. Those answers come from private names,
+which a torch release may rename. Each probe below names what it reads, since
+when torch has it, and what lltm does without it; the fallbacks only ever
+choose the slower, always-correct path (the operator's own dispatch), never
+a different answer. ``import lltm`` never fails because one moved: it warns
+once, naming the probes that fell back (:data:`MISSING`).
+
+tests/test_probes.py holds each probe to its contract under every torch of
+the test matrix, so a release that moves one shows at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+import torch
+import torch.autograd.forward_ad as _forward_ad
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One private name lltm reads, and what it does without it."""
+
+    name: str
+    """What the probe answers, as lltm's code calls it."""
+    needs: str
+    """The private torch names it reads."""
+    since: str
+    """The oldest torch lltm supports that has them (lltm supports >= 2.10)."""
+    fallback: str
+    """What lltm does where they are missing."""
+    found: bool
+    """Whether this torch has them."""
+
+
+PROBES: dict[str, Probe] = {}
+
+
+def _lookup(dotted: str) -> Any:
+    """The object at ``dotted`` (a path from ``torch``), or None where any part is missing."""
+    found: Any = torch
+    for part in dotted.split(".")[1:]:
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found
+
+
+def _probe(name: str, needs: str, since: str, fallback: str) -> Any:
+    """The object ``needs`` names, recorded as probe ``name`` (None where missing)."""
+    found = _lookup(needs)
+    PROBES[name] = Probe(name, needs, since, fallback, found is not None)
+    return found
+
+
+# --- What is active ------------------------------------------------------------------
+
+_transforms_active = _probe(
+    "functorch_transforms_active",
+    "torch._C._are_functorch_transforms_active",
+    "2.0",
+    "every call is taken to run under a torch.func transform: the operator's full dispatch",
+)
+
+
+def functorch_transforms_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jvp, ...) is running."""
+    return _transforms_active() if _transforms_active is not None else True
+
+
+_has_level = _probe(
+    "forward_ad_level",
+    "torch.autograd.forward_ad._current_level",
+    "1.11",
+    "every call is taken to run inside a forward-mode AD level: the operator's full dispatch",
+)
+
+
+def forward_ad_active() -> bool:
+    """Whether a forward-mode AD level (``torch.autograd.forward_ad.dual_level``) is open."""
+    level = getattr(_forward_ad, "_current_level", None)
+    return level is None or level >= 0
+
+
+_any_autocast = _probe(
+    "any_autocast_enabled",
+    "torch._C._is_any_autocast_enabled",
+    "2.4",
+    "torch.is_autocast_enabled() asked for each device type (slower, same answer)",
+)
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "privateuseone")
+
+
+def any_autocast_enabled() -> bool:
+    """Whether an autocast region is active for any device type."""
+    if _any_autocast is not None:
+        return bool(_any_autocast())
+    for device in _AUTOCAST_DEVICES:
+        with contextlib.suppress(RuntimeError):
+            if torch.is_autocast_enabled(device):
+                return True
+    return False
+
+
+_dispatch_stack_length = _probe(
+    "dispatch_modes_active",
+    "torch._C._len_torch_dispatch_stack",
+    "2.0",
+    "every call is taken to run under a TorchDispatchMode: the operator's full dispatch",
+)
+
+
+def dispatch_modes_active() -> bool:
+    """Whether a TorchDispatchMode (FakeTensorMode, FlopCounterMode, a user's) is active."""
+    return _dispatch_stack_length() > 0 if _dispatch_stack_length is not None else True
+
+
+_is_tracing = _probe(
+    "jit_tracing",
+    "torch._C._is_tracing",
+    "1.0",
+    "torch.jit.is_tracing(), its public wrapper (slower, same answer)",
+)
+
+
+def jit_tracing() -> bool:
+    """Whether ``torch.jit.trace`` is recording."""
+    return bool(_is_tracing()) if _is_tracing is not None else torch.jit.is_tracing()
+
+
+# --- Calling below autograd ----------------------------------------------------------
+
+_below_autograd = _probe(
+    "below_autograd",
+    "torch._C._AutoDispatchBelowAutograd",
+    "1.9",
+    "kernels are called through the Autograd key again (slower, same result)",
+)
+
+below_autograd: Callable[[], contextlib.AbstractContextManager[Any]] = (
+    _below_autograd if _below_autograd is not None else contextlib.nullcontext
+)
+"""A context in which the dispatcher skips the Autograd keys, as an Autograd kernel's own
+calls do."""
+
+
+# OpOverload._op is set per instance: the probe is the attribute on one of torch's own.
+PROBES["direct_call"] = Probe(
+    "direct_call",
+    "torch._ops.OpOverload._op",
+    "2.0",
+    "OpOverload.__call__, which calls the same (one Python frame more per kernel call)",
+    hasattr(torch.ops.aten.add.Tensor, "_op"),
+)
+
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
+
+
+def direct(op: OpOverload[_Params, _Result]) -> Callable[_Params, _Result]:
+    """What calling ``op`` calls, without the Python frame of ``OpOverload.__call__``.
+
+    The same trip through the dispatcher, which a kernel call would otherwise
+    pay a frame for on every call.
+    """
+    call: Callable[_Params, _Result] = getattr(op, "_op", op)
+    return call
+
+
+# --- The report ------------------------------------------------------------------------
+
+MISSING: tuple[str, ...] = tuple(name for name, probe in PROBES.items() if not probe.found)
+"""The probes this torch lacks, each falling back as its Probe says."""
+
+if MISSING:
+    warnings.warn(
+        f"lltm: this torch ({torch.__version__}) lacks what lltm reads for "
+        f"{', '.join(MISSING)}; lltm falls back to slower paths that compute the same "
+        "(python -m lltm info lists them)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
