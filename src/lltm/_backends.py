@@ -2,16 +2,17 @@
 
 lltm always has its CPU kernels (lltm._C). CUDA kernels live in a separate
 distribution, ``lltm-cuda<major>``, whose import package ``lltm_cuda<major>``
-registers them when imported. At ``import lltm`` this module:
+registers them when imported. At ``import lltm`` this module imports the
+plugin matching torch's CUDA major version, if it is there and usable, and
+records why not otherwise (never raising: ``import lltm`` must work whatever
+is installed).
 
-1. imports the plugin matching torch's CUDA major version, if it is there and
-   usable, and records why not otherwise (never raising: ``import lltm`` must
-   work whatever is installed);
-2. registers the composite kernel (lltm/_composite.py) as the default for all
-   devices. Native kernels are more specific dispatch entries and win where
-   they exist; elsewhere (CUDA without the plugin, MPS, XPU, ...) the op still
-   runs on the tensors' own device, after one warning that says why and what
-   fixes it.
+The composite kernel (lltm/_composite.py) is every operator's default for all
+devices (registered from lltm/ops/operators.py's table). Native kernels are
+more specific dispatch entries and win where they exist; elsewhere (CUDA
+without the plugin, MPS, XPU, ...) the op still runs on the tensors' own
+device, after one warning (:func:`warning_first`) that says why and what
+fixes it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import _composite, _integrity
+from . import _integrity, _probes
 from ._version import __version__
 
 SUPPORTED_CUDA_MAJORS = (12, 13)
@@ -178,10 +179,10 @@ if PLUGIN.module is not None and PLUGIN.fix is not None:
 def has_native_kernel(device_type: str, op: str = "lltm::forward") -> bool:
     """True when a compiled lltm kernel is registered for ``device_type``."""
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type, device_type.upper())
-    try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
-    except (AttributeError, RuntimeError):  # private API; be conservative
+    found = _probes.has_kernel(op, key)
+    if found is None:  # this torch cannot say: what lltm registers
         return device_type == "cpu" or (device_type == "cuda" and PLUGIN.loaded)
+    return found
 
 
 # Per CUDA device: "" when the plugin's kernels run there, else why not.
@@ -274,25 +275,15 @@ def _warn_composite(device: torch.device) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _warning_first(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """A forward kernel that warns once per device type before running."""
+def warning_first(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """A forward kernel that warns once per device type before running.
+
+    The composite kernel of a forward operator: the backward ones only run
+    after a forward has.
+    """
 
     def run(input: torch.Tensor, *args: Any) -> Any:
         _warn_composite(input.device)
         return kernel(input, *args)
 
     return run
-
-
-# device_types=None registers the CompositeExplicitAutograd entry: the kernel
-# for every device that has no native one of its own. Forwards warn (once per
-# device type); their backwards only run after a forward has.
-_COMPOSITE_KERNELS: dict[str, Callable[..., Any]] = {
-    "lltm::forward": _warning_first(_composite.forward),
-    "lltm::backward": _composite.backward,
-    "lltm::sequence_forward": _warning_first(_composite.sequence_forward),
-    "lltm::sequence_backward": _composite.sequence_backward,
-    "lltm::sequence_gate_grads": _composite.sequence_gate_grads,
-}
-for _op, _kernel in _COMPOSITE_KERNELS.items():
-    torch.library.register_kernel(_op, None, _kernel)

@@ -163,6 +163,26 @@ def check_output_mask(output_mask: Any) -> tuple[bool, bool, bool, bool, bool]:
 # --- Sequences ------------------------------------------------------------------
 
 
+class SequenceBackwardArgs(NamedTuple):
+    """The arguments of lltm::sequence_backward before ``output_mask``.
+
+    All of lltm::sequence_gate_grads'. ``SequenceBackwardArgs(*args[:11])``
+    names them: the one place that spells them out.
+    """
+
+    grad_output: Tensor | None
+    grad_h_n: Tensor | None
+    grad_c_n: Tensor | None
+    output: Tensor
+    gates: Tensor
+    cells: Tensor
+    input: Tensor
+    weights: Tensor
+    old_h: Tensor
+    batch_sizes: Tensor | None
+    reverse: bool
+
+
 class SequenceSizes(NamedTuple):
     """The sizes of a sequence call.
 
@@ -246,19 +266,10 @@ def check_sequence_args(
     return n
 
 
-def check_sequence_backward_args(
-    grad_output: Tensor | None,
-    grad_h_n: Tensor | None,
-    grad_c_n: Tensor | None,
-    output: Tensor,
-    gates: Tensor,
-    cells: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    batch_sizes: Tensor | None,
-) -> SequenceSizes:
+def check_sequence_backward_args(args: SequenceBackwardArgs) -> SequenceSizes:
     """Validates lltm::sequence_backward's arguments like the C++ kernels do."""
+    grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h = args[:9]
+    batch_sizes = args.batch_sizes
     _check_supported_dtype(input)
     for name, t in (
         ("output", output),

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import (
+    SequenceBackwardArgs,
     check_backward_args,
     check_forward_args,
     check_output_mask,
@@ -305,24 +306,13 @@ def _through_time(
     )
 
 
-def sequence_backward(
-    grad_output: Tensor | None,
-    grad_h_n: Tensor | None,
-    grad_c_n: Tensor | None,
-    output: Tensor,
-    gates: Tensor,
-    cells: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    batch_sizes: Tensor | None,
-    reverse: bool,
-    output_mask: list[bool],
-) -> tuple[Tensor | None, ...]:
+def sequence_backward(*args: Any) -> tuple[Tensor | None, ...]:
     """lltm::sequence_backward in plain torch ops, differentiable to any order."""
-    n = check_sequence_backward_args(
-        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
-    )
+    named = SequenceBackwardArgs(*args[:11])
+    output_mask = args[11]
+    n = check_sequence_backward_args(named)
+    grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h = named[:9]
+    batch_sizes, reverse = named.batch_sizes, named.reverse
     want_input, want_weights, want_bias, want_old_h, want_old_cell = check_output_mask(output_mask)
     steps = step_schedule(n, batch_sizes, reverse)
     d_gates, grad_old_h, grad_old_cell, grad_bias = _through_time(
@@ -339,27 +329,16 @@ def sequence_backward(
     )
 
 
-def sequence_gate_grads(
-    grad_output: Tensor | None,
-    grad_h_n: Tensor | None,
-    grad_c_n: Tensor | None,
-    output: Tensor,
-    gates: Tensor,
-    cells: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    batch_sizes: Tensor | None,
-    reverse: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+def sequence_gate_grads(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
     """lltm::sequence_gate_grads in plain torch ops.
 
     Returns every step's gate gradients, laid out like ``gates``, and the
     gradients of old_h and old_cell.
     """
-    n = check_sequence_backward_args(
-        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
-    )
+    named = SequenceBackwardArgs(*args)
+    n = check_sequence_backward_args(named)
+    grad_output, grad_h_n, grad_c_n, _output, gates, cells, input, weights, old_h = named[:9]
+    batch_sizes, reverse = named.batch_sizes, named.reverse
     steps = step_schedule(n, batch_sizes, reverse)
     d_gates, grad_old_h, grad_old_cell, _ = _through_time(
         grad_output, grad_h_n, grad_c_n, gates, cells, input, weights, old_h, steps, n

@@ -154,8 +154,141 @@ below_autograd: Callable[[], contextlib.AbstractContextManager[Any]] = (
 """A context in which the dispatcher skips the Autograd keys, as an Autograd kernel's own
 calls do."""
 
+_after_autograd_keyset = _probe(
+    "after_autograd_keyset",
+    "torch._C._after_autograd_keyset",
+    "2.0",
+    "an Autograd kernel calls the operator again below the autograd keys instead of "
+    "redispatching (the keys before Autograd run again; same result in eager mode)",
+)
 
-# OpOverload._op is set per instance: the probe is the attribute on one of torch's own.
+
+def redispatch_below_autograd(op: Any, keyset: Any, *args: Any) -> Any:
+    """What an Autograd kernel (registered ``with_keyset``) calls for ``op`` below itself."""
+    with below_autograd():
+        if _after_autograd_keyset is not None:
+            return op.redispatch(keyset & _after_autograd_keyset, *args)
+        return direct(op)(*args)
+
+
+_any_requires_grad = _probe(
+    "any_requires_grad",
+    "torch._C._any_requires_grad",
+    "2.0",
+    "the same test in Python (slower, same answer)",
+)
+
+
+def any_requires_grad(*args: Any) -> bool:
+    """Whether a tensor among ``args`` requires grad."""
+    if _any_requires_grad is not None:
+        return bool(_any_requires_grad(*args))
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+# --- torch.func --------------------------------------------------------------------------
+
+_SingleLevelFunction = _probe(
+    "single_level_function",
+    "torch.autograd.function._SingleLevelFunction",
+    "2.0",
+    "torch.autograd.Function as the base of lltm's Functions: in torch <= 2.13 a "
+    "differentiating torch.func transform over lltm's operators then fails with torch's error",
+)
+_enable_single_level = _probe(
+    "enable_single_level_autograd_function",
+    "torch._functorch.utils.enable_single_level_autograd_function",
+    "2.0",
+    "the Functions are applied as they are (see single_level_function)",
+)
+
+# The base class of lltm's autograd Functions: one that records its node at
+# the level of the torch.func transform running it. (Type checkers read the
+# class torch declares; at run time, the probe's answer.)
+if TYPE_CHECKING:
+    from torch.autograd.function import _SingleLevelFunction as _Declared
+
+    FunctionBase = _Declared
+else:
+    FunctionBase = (
+        _SingleLevelFunction if _SingleLevelFunction is not None else torch.autograd.Function
+    )
+
+enable_single_level_function: Callable[[], contextlib.AbstractContextManager[Any]] = (
+    _enable_single_level if _enable_single_level is not None else contextlib.nullcontext
+)
+"""The context in which such a Function may be applied under a torch.func transform."""
+
+_interpreter_stack = _probe(
+    "functorch_interpreter_stack",
+    "torch._C._functorch.get_interpreter_stack",
+    "2.0",
+    "every call under a torch.func transform is taken to be nested in a differentiating "
+    "one: the plain-torch formulas (unfused, exact)",
+)
+_transform_types = _probe(
+    "functorch_transform_types",
+    "torch._C._functorch.TransformType",
+    "2.0",
+    "as functorch_interpreter_stack",
+)
+_DIFFERENTIATING = (
+    (_transform_types.Grad, _transform_types.Jvp) if _transform_types is not None else ()
+)
+
+
+def nested_differentiation() -> bool:
+    """Whether, under torch.func, a differentiating transform encloses the innermost one.
+
+    The differentiating transforms are grad and jvp.
+    """
+    if _interpreter_stack is None or not _DIFFERENTIATING:
+        return True
+    enclosing = _interpreter_stack()[:-1]
+    return any(level.key() in _DIFFERENTIATING for level in enclosing)
+
+
+# --- The dispatcher ---------------------------------------------------------------------
+
+_has_kernel = _probe(
+    "dispatch_has_kernel",
+    "torch._C._dispatch_has_kernel_for_dispatch_key",
+    "2.0",
+    "the CPU is taken to have a kernel, and CUDA where the plugin loaded (what lltm registers)",
+)
+
+
+def has_kernel(op: str, key: str) -> bool | None:
+    """Whether operator ``op`` ("lltm::forward") has a kernel for dispatch key ``key``.
+
+    None where this torch cannot say.
+    """
+    if _has_kernel is None:
+        return None
+    try:
+        return bool(_has_kernel(op, key))
+    except RuntimeError:
+        return None
+
+
+_dispatch_keys = _probe(
+    "dispatch_keys",
+    "torch._C.DispatchKey",
+    "2.0",
+    "autocast kernels only for the CPU and CUDA (the keys every torch has)",
+)
+
+
+def has_dispatch_key(name: str) -> bool:
+    """Whether this torch has dispatch key ``name`` (e.g. ``AutocastXPU``)."""
+    if _dispatch_keys is None:
+        return name in ("AutocastCPU", "AutocastCUDA")
+    return hasattr(_dispatch_keys, name)
+
+
+# --- Operators ------------------------------------------------------------------------
+
+# OpOverload._op is set per instance: the probe reads it on one of torch's own.
 PROBES["direct_call"] = Probe(
     "direct_call",
     "torch._ops.OpOverload._op",

@@ -23,14 +23,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _probes
 from .._errors import reraise
-from .library import forward, sequence_forward
 
 # Devices whose autocast has a dispatch key in this torch.
-_DEVICE_TYPES = [
+DEVICE_TYPES = [
     device
     for device in ("cpu", "cuda", "xpu", "mps", "hpu")
-    if hasattr(torch._C.DispatchKey, f"Autocast{device.upper()}")
+    if _probes.has_dispatch_key(f"Autocast{device.upper()}")
 ]
 
 
@@ -39,7 +39,7 @@ def enabled(device_type: str) -> bool:
 
     Never for a device without autocast, such as meta.
     """
-    return device_type in _DEVICE_TYPES and torch.is_autocast_enabled(device_type)
+    return device_type in DEVICE_TYPES and torch.is_autocast_enabled(device_type)
 
 
 def _cast(value: Any, device_type: str, dtype: torch.dtype) -> Any:
@@ -59,8 +59,10 @@ def cast_arguments(device_type: str, args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(_cast(a, device_type, dtype) for a in args)
 
 
-def _autocast_kernel(op: Any, device_type: str) -> Callable[..., Any]:
-    def kernel(*args: Any) -> Any:
+def kernel(op: Any, device_type: str) -> Callable[..., Any]:
+    """The kernel of forward operator ``op`` at ``device_type``'s Autocast key."""
+
+    def cast_and_call(*args: Any) -> Any:
         cast = cast_arguments(device_type, args)
         try:
             with torch.autocast(device_type, enabled=False):
@@ -69,14 +71,4 @@ def _autocast_kernel(op: Any, device_type: str) -> Callable[..., Any]:
             # Inside inference mode no Autograd kernel runs after this one.
             reraise(error)
 
-    return kernel
-
-
-_library = torch.library.Library("lltm", "IMPL")
-for _device_type in _DEVICE_TYPES:
-    for _op in (forward, sequence_forward):
-        _library.impl(
-            _op._schema.name.split("::")[1],
-            _autocast_kernel(_op, _device_type),
-            f"Autocast{_device_type.upper()}",
-        )
+    return cast_and_call

@@ -46,8 +46,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
-from torch._functorch.utils import enable_single_level_autograd_function
-from torch.autograd.function import _SingleLevelFunction
 
 from .. import _composite, _probes
 from .._errors import reraise
@@ -71,26 +69,11 @@ def differentiating(args: Sequence[Any]) -> bool:
     """
     if _probes.functorch_transforms_active():
         return True
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+    if torch.is_grad_enabled() and _probes.any_requires_grad(*args):
         return True
-    return fwAD._current_level >= 0 and any(
+    return _probes.forward_ad_active() and any(
         isinstance(a, Tensor) and fwAD.unpack_dual(a).tangent is not None for a in args
     )
-
-
-_DIFFERENTIATING_TRANSFORMS = (
-    torch._C._functorch.TransformType.Grad,
-    torch._C._functorch.TransformType.Jvp,
-)
-
-
-def _nested_differentiation() -> bool:
-    """Whether another differentiating transform encloses the one differentiating this call.
-
-    Under torch.func; the differentiating transforms are grad and jvp.
-    """
-    enclosing = torch._C._functorch.get_interpreter_stack()[:-1]
-    return any(level.key() in _DIFFERENTIATING_TRANSFORMS for level in enclosing)
 
 
 def _differentiated_again(inputs: Sequence[Tensor | None]) -> bool:
@@ -163,7 +146,7 @@ _forward_kernel_call = _probes.direct(forward)
 _sequence_forward_kernel_call = _probes.direct(sequence_forward)
 
 
-class CellFunction(_SingleLevelFunction):
+class CellFunction(_probes.FunctionBase):
     """lltm::forward with its derivatives; outputs (new_h, new_cell, gates)."""
 
     if TYPE_CHECKING:  # inherited from torch's C++ base class, which declares no types
@@ -229,7 +212,7 @@ class CellFunction(_SingleLevelFunction):
         return d_h, d_cell, None
 
 
-class SequenceFunction(_SingleLevelFunction):
+class SequenceFunction(_probes.FunctionBase):
     """lltm::sequence_forward with its derivatives.
 
     Outputs (output, h_n, c_n, gates, cells).
@@ -316,53 +299,41 @@ class SequenceFunction(_SingleLevelFunction):
         return d_output, d_h_n, d_c_n, None, None
 
 
-# --- Registration ----------------------------------------------------------------------
+# --- The Autograd kernels -------------------------------------------------------------
 
 
-def _forward_kernel(
+def forward_kernel(
     op: Any,
     function: type[CellFunction] | type[SequenceFunction],
     composite: Callable[..., Any],
 ) -> Callable[..., Any]:
-    def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+    """The Autograd kernel of a forward operator: ``function`` applied, or the kernels below."""
+
+    def kernel(keyset: Any, *args: Any) -> Any:
         try:
-            if _probes.functorch_transforms_active() and _nested_differentiation():
+            if _probes.functorch_transforms_active() and _probes.nested_differentiation():
                 # Derivatives of derivatives under torch.func (see the
                 # module's docstring): the plain-torch formulas.
                 return composite(*args)
             if differentiating(args):
-                with enable_single_level_autograd_function():
+                with _probes.enable_single_level_function():
                     return function.apply(*args)
-            with below_autograd():
-                return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+            return _probes.redispatch_below_autograd(op, keyset, *args)
         except (RuntimeError, ValueError) as error:
             reraise(error)
 
     return kernel
 
 
-def _backward_kernel(op: Any, math: Callable[..., Any]) -> Callable[..., Any]:
-    def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+def backward_kernel(op: Any, math: Callable[..., Any]) -> Callable[..., Any]:
+    """The Autograd kernel of a backward operator: differentiable ``math``, or the kernels below."""
+
+    def kernel(keyset: Any, *args: Any) -> Any:
         if differentiating(args) and not getattr(_within_backward, "active", False):
             return math(*args)
         try:
-            with below_autograd():
-                return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+            return _probes.redispatch_below_autograd(op, keyset, *args)
         except (RuntimeError, ValueError) as error:
             reraise(error)
 
     return kernel
-
-
-_library = torch.library.Library("lltm", "IMPL")
-for _op, _kernel in (
-    (forward, _forward_kernel(forward, CellFunction, _composite.forward)),
-    (
-        sequence_forward,
-        _forward_kernel(sequence_forward, SequenceFunction, _composite.sequence_forward),
-    ),
-    (backward, _backward_kernel(backward, _composite.backward)),
-    (sequence_backward, _backward_kernel(sequence_backward, _composite.sequence_backward)),
-    (sequence_gate_grads, _backward_kernel(sequence_gate_grads, _composite.sequence_gate_grads)),
-):
-    _library.impl(_op._schema.name.split("::")[1], _kernel, "Autograd", with_keyset=True)

@@ -61,7 +61,6 @@ from torch._C import DispatchKey
 
 from .. import _composite
 from .._checks import check_sequence_args
-from .library import forward, sequence_forward
 
 try:  # torch's scan, a prototype in torch 2.10-2.15; its operator takes closures explicitly.
     from torch._higher_order_ops.scan import scan_op
@@ -293,8 +292,29 @@ _AUTOGRAD_KEYS = [
     if hasattr(DispatchKey, f"Autograd{device}")
 ]
 
-_LOWERED: dict[Any, Callable[..., Any]] = {forward: _cell, sequence_forward: _sequence}
-for _op, _decomposition in _LOWERED.items():
-    _op.py_impl(_IMPLICIT)(_in_table)
-    for _key in _AUTOGRAD_KEYS:
-        _op.py_impl(_key)(_autograd_kernel(_op, _decomposition))
+# Every operator with a decomposition: what _leave_to_inductor takes out of
+# Inductor's tables.
+_LOWERED: dict[Any, Callable[..., Any]] = {}
+
+
+def register(op: Any, decomposition: Callable[..., Any]) -> None:
+    """Makes ``decomposition`` the core ATen lowering of forward operator ``op``.
+
+    See the module's docstring.
+    """
+    _LOWERED[op] = decomposition
+    op.py_impl(_IMPLICIT)(_in_table)
+    for key in _AUTOGRAD_KEYS:
+        op.py_impl(key)(_autograd_kernel(op, decomposition))
+
+
+def cell(
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """lltm::forward in core ATen: the cell's formula in plain torch."""
+    return _cell(input, weights, bias, old_h, old_cell)
+
+
+def sequence(*args: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """lltm::sequence_forward in core ATen: one input projection, then a loop over the steps."""
+    return _sequence(*args)

@@ -1,8 +1,9 @@
 """Fake kernels: output shapes and dtypes without running anything.
 
-torch.compile, torch.export and meta tensors trace the ops through these.
-They make the same argument checks as the C++ kernels (lltm/_checks.py
-mirrors csrc/lltm_checks.h), so eager, compiled and fallback calls fail alike.
+torch.compile, torch.export and meta tensors trace the ops through these
+(registered from the table of operators.py). They make the same argument
+checks as the C++ kernels (lltm/_checks.py mirrors csrc/lltm_checks.h), so
+eager, compiled and fallback calls fail alike.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from .._checks import (
+    SequenceBackwardArgs,
     SequenceSizes,
     check_backward_args,
     check_forward_args,
@@ -19,13 +21,12 @@ from .._checks import (
     check_sequence_args,
     check_sequence_backward_args,
 )
-from .library import register_fake
 
 
-@register_fake("lltm::forward")
-def _forward_fake(
+def forward(
     input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """lltm::forward's outputs: new_h, new_cell and gates."""
     batch, _, state = check_forward_args(input, weights, bias, old_h, old_cell)
     return (
         input.new_empty((batch, state)),
@@ -34,8 +35,7 @@ def _forward_fake(
     )
 
 
-@register_fake("lltm::backward")
-def _backward_fake(
+def backward(
     grad_h: Tensor,
     grad_cell: Tensor,
     new_cell: Tensor,
@@ -45,6 +45,7 @@ def _backward_fake(
     weights: Tensor,
     output_mask: list[bool],
 ) -> tuple[Tensor | None, ...]:
+    """lltm::backward's outputs: the gradients ``output_mask`` asks for."""
     batch, features, state = check_backward_args(
         grad_h, grad_cell, new_cell, gates, input, old_h, weights
     )
@@ -67,8 +68,7 @@ def _sequence_layout(like: Tensor, n: SequenceSizes, width: Any) -> Tensor:
     return like.new_empty(shape)
 
 
-@register_fake("lltm::sequence_forward")
-def _sequence_forward_fake(
+def sequence_forward(
     input: Tensor,
     weights: Tensor,
     bias: Tensor | None,
@@ -77,6 +77,7 @@ def _sequence_forward_fake(
     batch_sizes: Tensor | None,
     reverse: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """lltm::sequence_forward's outputs: output, h_n, c_n, gates and cells."""
     n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
     return (
         _sequence_layout(input, n, n.state),
@@ -87,25 +88,12 @@ def _sequence_forward_fake(
     )
 
 
-@register_fake("lltm::sequence_backward")
-def _sequence_backward_fake(
-    grad_output: Tensor | None,
-    grad_h_n: Tensor | None,
-    grad_c_n: Tensor | None,
-    output: Tensor,
-    gates: Tensor,
-    cells: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    batch_sizes: Tensor | None,
-    reverse: bool,
-    output_mask: list[bool],
-) -> tuple[Tensor | None, ...]:
-    n = check_sequence_backward_args(
-        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
-    )
-    wanted = check_output_mask(output_mask)
+def sequence_backward(*args: Any) -> tuple[Tensor | None, ...]:
+    """lltm::sequence_backward's outputs: the gradients ``output_mask`` asks for."""
+    named = SequenceBackwardArgs(*args[:11])
+    n = check_sequence_backward_args(named)
+    wanted = check_output_mask(args[11])
+    input, weights, old_h = named.input, named.weights, named.old_h
     grads = (
         _sequence_layout(input, n, n.features),
         weights.new_empty((3 * n.state, n.state + n.features)),
@@ -116,25 +104,12 @@ def _sequence_backward_fake(
     return tuple(g if want else None for g, want in zip(grads, wanted, strict=True))
 
 
-@register_fake("lltm::sequence_gate_grads")
-def _sequence_gate_grads_fake(
-    grad_output: Tensor | None,
-    grad_h_n: Tensor | None,
-    grad_c_n: Tensor | None,
-    output: Tensor,
-    gates: Tensor,
-    cells: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    batch_sizes: Tensor | None,
-    reverse: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    n = check_sequence_backward_args(
-        grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes
-    )
+def sequence_gate_grads(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """lltm::sequence_gate_grads's outputs: every step's gate gradients, those of the state."""
+    named = SequenceBackwardArgs(*args)
+    n = check_sequence_backward_args(named)
     return (
-        _sequence_layout(input, n, 3 * n.state),
-        old_h.new_empty((n.batch, n.state)),
-        old_h.new_empty((n.batch, n.state)),
+        _sequence_layout(named.input, n, 3 * n.state),
+        named.old_h.new_empty((n.batch, n.state)),
+        named.old_h.new_empty((n.batch, n.state)),
     )

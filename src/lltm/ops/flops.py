@@ -1,5 +1,8 @@
 """FLOP formulas: what ``torch.utils.flop_counter.FlopCounterMode`` counts for lltm's operators.
 
+Registered from the table of operators.py, each with the operator's raw
+arguments (``get_raw=True``: a packed sequence's batch sizes are values).
+
 torch counts the floating-point operations of matrix products (2 per
 multiply-add), as it does for nn.LSTMCell's and nn.LSTM's, and not the
 pointwise work; so do these. Each operator's count is the products its
@@ -24,11 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
-from torch.utils.flop_counter import register_flop_formula
 
-from . import library  # noqa: F401  (the operators, registered)
+from .._checks import SequenceBackwardArgs
 
 
 def _product(m: int, k: int, n: int) -> int:
@@ -73,16 +74,15 @@ def _step_products(rows: int, s: int) -> int:
     return _product(rows, 3 * s, s)
 
 
-@register_flop_formula(torch.ops.lltm.forward, get_raw=True)
-def _forward_flops(
+def forward(
     input: Tensor, weights: Tensor, bias: Any, old_h: Tensor, old_cell: Tensor, **_: Any
 ) -> int:
+    """lltm::forward's FLOPs."""
     rows, f, s = _sizes(input, old_h)
     return _product(rows, s + f, 3 * s)
 
 
-@register_flop_formula(torch.ops.lltm.backward, get_raw=True)
-def _backward_flops(
+def backward(
     grad_h: Tensor,
     grad_cell: Tensor,
     new_cell: Tensor,
@@ -93,56 +93,34 @@ def _backward_flops(
     output_mask: Sequence[bool],
     **_: Any,
 ) -> int:
+    """lltm::backward's FLOPs."""
     rows, f, s = _sizes(input, old_h)
     return _gradient_products(rows, f, s, output_mask)
 
 
-@register_flop_formula(torch.ops.lltm.sequence_forward, get_raw=True)
-def _sequence_forward_flops(
+def sequence_forward(
     input: Tensor, weights: Tensor, bias: Any, old_h: Tensor, old_cell: Tensor, *_: Any, **__: Any
 ) -> int:
+    """lltm::sequence_forward's FLOPs."""
     rows, f, s = _sizes(input, old_h)
     return _product(rows, s + f, 3 * s)
 
 
-@register_flop_formula(torch.ops.lltm.sequence_backward, get_raw=True)
-def _sequence_backward_flops(
-    grad_output: Any,
-    grad_h_n: Any,
-    grad_c_n: Any,
-    output: Tensor,
-    gates: Tensor,
-    cells: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    batch_sizes: Tensor | None,
-    reverse: bool,
-    output_mask: Sequence[bool],
-    **_: Any,
-) -> int:
-    rows, f, s = _sizes(input, old_h)
-    want_input, want_weights, want_bias, want_old_h, want_old_cell = output_mask
-    carried = rows if want_old_h else rows - _first_step_rows(old_h, batch_sizes, reverse)
+def sequence_backward(*args: Any, **_: Any) -> int:
+    """lltm::sequence_backward's FLOPs."""
+    named = SequenceBackwardArgs(*args[:11])
+    rows, f, s = _sizes(named.input, named.old_h)
+    want_input, want_weights, want_bias, want_old_h, want_old_cell = args[11]
+    first = _first_step_rows(named.old_h, named.batch_sizes, named.reverse)
+    carried = rows if want_old_h else rows - first
     gradients = _gradient_products(
         rows, f, s, (want_input, want_weights, want_bias, False, want_old_cell)
     )
     return _step_products(carried, s) + gradients
 
 
-@register_flop_formula(torch.ops.lltm.sequence_gate_grads, get_raw=True)
-def _sequence_gate_grads_flops(
-    grad_output: Any,
-    grad_h_n: Any,
-    grad_c_n: Any,
-    output: Tensor,
-    gates: Tensor,
-    cells: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    *_: Any,
-    **__: Any,
-) -> int:
-    rows, _f, s = _sizes(input, old_h)
+def sequence_gate_grads(*args: Any, **_: Any) -> int:
+    """lltm::sequence_gate_grads's FLOPs."""
+    named = SequenceBackwardArgs(*args)
+    rows, _f, s = _sizes(named.input, named.old_h)
     return _step_products(rows, s)

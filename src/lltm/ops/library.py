@@ -14,15 +14,14 @@ with ``lltm:`` and names the argument.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 # Importing _C registers the operators; then (names import in order) _backends
-# loads the CUDA plugin and registers the composite kernel for devices without
-# a native one.
+# loads the CUDA plugin, which registers its CUDA kernels.
 from .. import _C, _backends  # noqa: F401
 
 if TYPE_CHECKING:
@@ -207,22 +206,3 @@ Returns:
     with respect to every step's pre-activations, laid out like ``gates``,
     and the gradients of ``old_h`` and ``old_cell``.
 """
-
-
-_Function = TypeVar("_Function", bound=Callable[..., Any])
-
-
-def register_fake(op: str) -> Callable[[_Function], _Function]:
-    """``torch.library.register_fake(op)``: registers and returns the function it decorates."""
-    decorator: Callable[[_Function], _Function] = torch.library.register_fake(op)
-    return decorator
-
-
-def register_vmap(op: str) -> Callable[[Callable[..., Any]], None]:
-    """``torch.library.register_vmap(op)``: registers the function it decorates.
-
-    As torch's decorator does, it returns None: the decorated name is not bound
-    to the rule.
-    """
-    decorator: Callable[[Callable[..., Any]], None] = torch.library.register_vmap(op)
-    return decorator

@@ -1,4 +1,4 @@
-"""Batching rules: lltm's operators under ``torch.vmap`` (torch.library.register_vmap).
+"""Batching rules: lltm's operators under ``torch.vmap`` (registered from operators.py).
 
 The kernels already take a batch of independent rows, so a vmapped call whose
 parameters are shared (only inputs and state batched: per-sample gradients,
@@ -28,15 +28,8 @@ import torch
 from torch import Tensor
 
 from .. import _composite
-from .._checks import check_sequence_backward_args
-from .library import (
-    backward,
-    forward,
-    register_vmap,
-    sequence_backward,
-    sequence_forward,
-    sequence_gate_grads,
-)
+from .._checks import SequenceBackwardArgs, check_sequence_backward_args
+from . import library
 
 InDims = tuple[int | None, ...]
 # A rule's result: the outputs, and the vmapped dimension of each.
@@ -94,14 +87,14 @@ def _to_front(t: Tensor, dim: int | None, size: int) -> Tensor:
     return t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
 
 
-@register_vmap("lltm::forward")
-def _forward_rule(info: Any, in_dims: InDims, *args: Tensor) -> Batched:
+def forward(info: Any, in_dims: InDims, *args: Tensor) -> Batched:
+    """lltm::forward under vmap: one call, the vmapped dimension folded into the batch."""
     input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim = in_dims
     if weights_dim is not None or bias_dim is not None:
-        return _per_index(forward, info.batch_size, in_dims, args)
+        return _per_index(library.forward, info.batch_size, in_dims, args)
     input, weights, bias, old_h, old_cell = args
     size = info.batch_size
-    outputs = forward(
+    outputs = library.forward(
         _fold(input, input_dim, size),
         weights,
         bias,
@@ -111,8 +104,8 @@ def _forward_rule(info: Any, in_dims: InDims, *args: Tensor) -> Batched:
     return _unfolded(outputs, size)
 
 
-@register_vmap("lltm::backward")
-def _backward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
+def backward(info: Any, in_dims: InDims, *args: Any) -> Batched:
+    """lltm::backward under vmap: one call, or batched products for per-sample weights."""
     *tensors, output_mask = args
     *row_dims, weights_dim, _ = in_dims
     size = info.batch_size
@@ -121,7 +114,7 @@ def _backward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
         grad_h, grad_cell, new_cell, gates, input, old_h = (
             _fold(t, d, size) for t, d in zip(tensors[:-1], row_dims, strict=True)
         )
-        outputs = backward(
+        outputs = library.backward(
             grad_h, grad_cell, new_cell, gates, input, old_h, tensors[-1], output_mask
         )
         return _unfolded(outputs, size)
@@ -138,14 +131,14 @@ def _backward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
     return grads, tuple(None if g is None else 0 for g in grads)
 
 
-@register_vmap("lltm::sequence_forward")
-def _sequence_forward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
+def sequence_forward(info: Any, in_dims: InDims, *args: Any) -> Batched:
+    """lltm::sequence_forward under vmap: one call, the vmapped dimension in the batch."""
     input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim, sizes_dim, _ = in_dims
     if weights_dim is not None or bias_dim is not None or sizes_dim is not None:
-        return _per_index(sequence_forward, info.batch_size, in_dims, args)
+        return _per_index(library.sequence_forward, info.batch_size, in_dims, args)
     input, weights, bias, old_h, old_cell, batch_sizes, reverse = args
     size = info.batch_size
-    outputs = sequence_forward(
+    outputs = library.sequence_forward(
         _fold(input, input_dim, size),
         weights,
         bias,
@@ -190,25 +183,27 @@ def _one_call_serves(in_dims: InDims) -> bool:
     return weights_dim is None and sizes_dim is None
 
 
-@register_vmap("lltm::sequence_gate_grads")
-def _sequence_gate_grads_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
+def sequence_gate_grads(info: Any, in_dims: InDims, *args: Any) -> Batched:
+    """lltm::sequence_gate_grads under vmap: one call where the weights are shared."""
     size = info.batch_size
     if not _one_call_serves(in_dims):
-        return _per_index(sequence_gate_grads, size, in_dims, args)
+        return _per_index(library.sequence_gate_grads, size, in_dims, args)
     folded, _, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
-    return _unfolded(sequence_gate_grads(*folded, batch_sizes, args[10]), size)
+    return _unfolded(library.sequence_gate_grads(*folded, batch_sizes, args[10]), size)
 
 
-@register_vmap("lltm::sequence_backward")
-def _sequence_backward_rule(info: Any, in_dims: InDims, *args: Any) -> Batched:
+def sequence_backward(info: Any, in_dims: InDims, *args: Any) -> Batched:
+    """lltm::sequence_backward under vmap: one call, or batched products for per-sample weights."""
     size = info.batch_size
     if not _one_call_serves(in_dims):
-        return _per_index(sequence_backward, size, in_dims, args)
+        return _per_index(library.sequence_backward, size, in_dims, args)
     reverse, output_mask = args[10], args[11]
     folded, weights, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
     _, want_weights, want_bias, _, _ = output_mask
     if not want_weights and not want_bias:
-        return _unfolded(sequence_backward(*folded, batch_sizes, reverse, output_mask), size)
+        return _unfolded(
+            library.sequence_backward(*folded, batch_sizes, reverse, output_mask), size
+        )
     return _per_sample_parameter_grads(size, folded, weights, batch_sizes, reverse, output_mask)
 
 
@@ -227,9 +222,9 @@ def _per_sample_parameter_grads(
     bias gradient as one sum over its rows).
     """
     want_input, want_weights, want_bias, want_old_h, want_old_cell = output_mask
-    d_gates, grad_old_h, grad_old_cell = sequence_gate_grads(*folded, batch_sizes, reverse)
+    d_gates, grad_old_h, grad_old_cell = library.sequence_gate_grads(*folded, batch_sizes, reverse)
     output, input, old_h = folded[3], folded[6], folded[8]
-    n = check_sequence_backward_args(*folded, batch_sizes)
+    n = check_sequence_backward_args(SequenceBackwardArgs(*folded, batch_sizes, reverse))
     d_rows = _composite.as_rows(d_gates, n)  # (rows * size, 3S), the sample innermost
     grads: list[Tensor | None] = [None] * 5
     if want_input:
