@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import runpy
 import shlex
 import shutil
 import subprocess
@@ -120,8 +121,8 @@ from setuptools.command.bdist_wheel import bdist_wheel  # noqa: E402
 from setuptools.command.build import build  # noqa: E402
 
 ROOT = Path(__file__).parent.resolve()
-VERSION_FILE = (ROOT / "src/lltm/_version.py").read_text()
-VERSION = re.search(r'__version__ = "([^"]+)"', VERSION_FILE).group(1)
+# src/lltm/_version.py is the one statement of the version; everything reads it.
+VERSION = runpy.run_path(str(ROOT / "src/lltm/_version.py"))["__version__"]
 VARIANT = os.environ.get("LLTM_VARIANT", "cpu").strip().lower()
 
 # Oldest torch the binaries must load in (0xMMmmpp...: 2.10.0).

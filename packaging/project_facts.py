@@ -4,16 +4,15 @@ source (setup.py, src/lltm/_version.py) without importing or running it."""
 from __future__ import annotations
 
 import ast
-import re
+import runpy
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def version() -> str:
-    """lltm's version, as src/lltm/_version.py states it."""
-    text = (ROOT / "src" / "lltm" / "_version.py").read_text()
-    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+    """lltm's version, as src/lltm/_version.py states it (as setup.py reads it)."""
+    return runpy.run_path(str(ROOT / "src" / "lltm" / "_version.py"))["__version__"]
 
 
 def arch_lists() -> dict[int, str]:

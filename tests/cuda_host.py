@@ -50,6 +50,7 @@ from types import ModuleType
 import pytest
 import torch
 
+import lltm
 from lltm import _native
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,9 +82,7 @@ def _setup_constant(name: str) -> str:
 def _build() -> Path:
     from torch.utils import cpp_extension
 
-    version = re.search(
-        r'__version__ = "([^"]+)"', (ROOT / "src/lltm/_version.py").read_text()
-    ).group(1)
+    version = lltm.__version__
     build = ROOT / "build" / "cuda_host"
     build.mkdir(parents=True, exist_ok=True)
     flags = [

@@ -108,7 +108,8 @@ def test_damaged_library_is_never_loaded(tmp_path, damage):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 1, result  # an exception, not a signal
-    assert f"ImportError: lltm: the installed library {library} is damaged" in result.stderr
+    # lltm._native.DamagedLibrary, an ImportError.
+    assert f"DamagedLibrary: lltm: the installed library {library} is damaged" in result.stderr
     assert f"pip install --force-reinstall --no-deps 'lltm=={VERSION}'" in result.stderr
 
 

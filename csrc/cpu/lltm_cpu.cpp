@@ -1,6 +1,6 @@
 // CPU implementation of lltm::forward and lltm::backward.
 //
-// Structure, mirrored by csrc/cuda/lltm_cuda.cu function for function:
+// Structure, shared with csrc/cuda/lltm_cuda.cu:
 //   forward:  gates = b + [old_h, input] @ W^T   (one GEMM, written straight
 //             into the `gates` output), then one fused pointwise pass that
 //             activates the input and output gates in place (the candidate's

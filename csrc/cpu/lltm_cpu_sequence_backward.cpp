@@ -1,6 +1,6 @@
 // CPU implementation of lltm::sequence_backward and lltm::sequence_gate_grads
-// (the backward's loop through time alone), mirrored by
-// csrc/cuda/lltm_cuda_sequence_backward.cu function for function: step by
+// (the backward's loop through time alone). The same computation as
+// csrc/cuda/lltm_cuda_sequence_backward.cu's, organised for a CPU core: step by
 // step, last first, the cell's pointwise backward into d_gates_t and the
 // gradient of c_prev, then the gradient of h_prev = d_gates_t @ W_h. After
 // the loop, over all steps at once: grad_weights = d_gates^T @ [h_prev, input]

@@ -1,5 +1,5 @@
-// CPU implementation of lltm::sequence_forward, mirrored by
-// csrc/cuda/lltm_cuda_sequence_forward.cu function for function: gates =
+// CPU implementation of lltm::sequence_forward. The same computation as
+// csrc/cuda/lltm_cuda_sequence_forward.cu's, organised for a CPU core: gates =
 // input @ W_x^T for all steps at once (one GEMM, straight into the saved
 // `gates`), then step by step: gates_t += h_prev @ W_h^T and the cell's
 // pointwise pass, which activates gates_t in place and writes output_t and

@@ -8,25 +8,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path as _Path
-
-from . import _integrity
+# lltm._C loads lltm's library first (a damaged one never: lltm/_native.py);
+# _backends loads the CUDA plugin when usable; ops registers the rest.
+from . import _C, _backends, ops, reference  # noqa: F401
 from ._version import __version__
-
-# Before lltm's library is loaded (lltm/_C.py): a damaged copy could crash the
-# interpreter.
-_library = _integrity.library_file(_Path(__file__).parent, "lltm_cpu")
-_damage = _library and _integrity.damage(_library, _Path(__file__).parent, "lltm")
-if _damage:
-    raise ImportError(
-        f"lltm: the installed library {_library} is damaged ({_damage}). Reinstall it: "
-        f"pip install --force-reinstall --no-deps 'lltm=={__version__}'"
-    )
-
-# _backends loads the CUDA plugin when usable and registers the fallback kernel.
-from . import _backends, ops, reference  # noqa: E402,F401
-from .functional import lltm_cell, lltm_sequence  # noqa: E402
-from .module import LLTM, LLTMSequence  # noqa: E402
+from .functional import lltm_cell, lltm_sequence
+from .module import LLTM, LLTMSequence
 
 __all__ = [
     "LLTM",

@@ -24,12 +24,11 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import _integrity, _probes
+from . import _native, _probes
 from ._version import __version__
 
 SUPPORTED_CUDA_MAJORS = (12, 13)
@@ -106,33 +105,17 @@ def _missing_plugin(installed: list[str], torch_cuda: str) -> PluginStatus:
     )
 
 
-def plugin_damage(name: str) -> str | None:
-    """How the installed plugin ``name``'s library differs from its installer's record.
-
-    None where it matches (see lltm/_integrity.py).
-    """
-    spec = importlib.util.find_spec(name)  # finds the package, imports nothing
-    locations = spec.submodule_search_locations if spec is not None else None
-    if not locations:
-        return None
-    package_dir = Path(next(iter(locations)))
-    library = _integrity.library_file(package_dir, "lltm_cuda")
-    return _integrity.damage(library, package_dir, name.replace("_", "-")) if library else None
-
-
 def _load_plugin(name: str) -> PluginStatus:
     # Importing the extension module itself (not just the package) registers
     # the kernels even when `import lltm_cudaNN` is what started `import lltm`.
     distribution = name.replace("_", "-")
     reinstall = f"pip install --force-reinstall --no-deps '{distribution}=={__version__}'"
-    # Checked before loading: a damaged library can crash the interpreter.
-    damage = plugin_damage(name)
-    if damage:
-        return PluginStatus(
-            loaded=False, module=name, reason=f"{name} is damaged ({damage})", fix=reinstall
-        )
     try:
         native = importlib.import_module(f"{name}._C")
+    except _native.DamagedLibrary as error:  # checked before loading: never loaded
+        return PluginStatus(
+            loaded=False, module=name, reason=f"{name} is damaged ({error.damage})", fix=reinstall
+        )
     except Exception as error:  # noqa: BLE001 - any failure must leave lltm usable
         return PluginStatus(
             loaded=False,

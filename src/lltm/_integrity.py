@@ -4,7 +4,7 @@ A library cut short (an interrupted copy, a full disk) can pass the dynamic
 loader's header checks and then crash the interpreter with SIGBUS when the
 loader touches pages past the end of the file; no Python exception can catch
 that. So before lltm loads a compiled library (its own ``lltm/lib/lltm_cpu``
-and the CUDA plugin's) it compares the file with the distribution's RECORD, which
+and the CUDA plugin's; lltm/_native.py) it compares the file with the distribution's RECORD, which
 holds each installed file's size and sha256: a mismatch is reported as what
 it is, a damaged install, with the command that repairs it.
 
@@ -20,8 +20,6 @@ import base64
 import csv
 import hashlib
 from pathlib import Path
-
-from . import _native
 
 
 def _recorded(library: Path, site: Path, distribution: str) -> tuple[str, int] | None:
@@ -42,17 +40,11 @@ def _recorded(library: Path, site: Path, distribution: str) -> tuple[str, int] |
     return None
 
 
-def library_file(package_dir: Path, name: str) -> Path | None:
-    """The library `name` of a package directory (lltm/_native.py), if there."""
-    library = _native.library_file(package_dir, name)
-    return library if library.is_file() else None
-
-
 def damage(library: Path, package_dir: Path, distribution: str) -> str | None:
     """How ``library`` differs from what the installer of ``distribution`` recorded.
 
     ``library`` is a file of the package at ``package_dir``. None where it
-    matches, or where nothing recorded it.
+    matches, or where nothing recorded it (lltm/_native.py asks before loading).
     """
     recorded = _recorded(library, package_dir.parent, distribution)
     if recorded is None:

@@ -8,6 +8,10 @@ therefore serves every interpreter, CPython 3.10 to 3.14, the free-threaded
 GIL-free would turn the GIL back on) and those to come, and the wheels are
 tagged ``py3-none-<platform>``.
 
+Before loading, a library installed from a wheel is checked against what the
+installer recorded (lltm/_integrity.py): a damaged one is never loaded, the
+one place where that is decided.
+
 Loading a library with ``torch.ops.load_library`` runs its static
 initialisers, which register lltm's operators with torch. The few facts and
 diagnostics it exports are C functions, called through ctypes, which
@@ -26,7 +30,8 @@ from typing import Any
 
 import torch
 
-from . import _errors
+from . import _errors, _integrity
+from ._version import __version__
 
 # Where a package keeps its library, and the library's file name: not an
 # importable name (a .so beside the package's modules would be taken for an
@@ -43,14 +48,33 @@ def library_file(package_dir: Path, name: str) -> Path:
     return package_dir / LIBRARY_DIR / f"{name}{SUFFIX}"
 
 
+class DamagedLibrary(ImportError):
+    """A library that differs from what its installer recorded: it is never loaded."""
+
+    def __init__(self, path: Path, distribution: str, damage: str) -> None:
+        self.damage = damage
+        """How it differs, e.g. ``lltm_cpu.so is 4096 bytes where the installer wrote ...``."""
+        self.reinstall = f"pip install --force-reinstall --no-deps '{distribution}=={__version__}'"
+        """The command that repairs it."""
+        super().__init__(
+            f"lltm: the installed library {path} is damaged ({damage}). Reinstall it: "
+            f"{self.reinstall}"
+        )
+
+
 class Library:
     """A loaded lltm library whose C functions are named ``<prefix>_<name>``.
 
     Every lltm library says which lltm it was built from and the oldest torch
-    it loads in (its TORCH_TARGET_VERSION).
+    it loads in (its TORCH_TARGET_VERSION). ``distribution`` installed it:
+    DamagedLibrary, and nothing loaded, where the file differs from that
+    installer's record.
     """
 
-    def __init__(self, path: Path, prefix: str) -> None:
+    def __init__(self, path: Path, prefix: str, distribution: str) -> None:
+        damage = _integrity.damage(path, path.parent.parent, distribution)
+        if damage is not None:
+            raise DamagedLibrary(path, distribution, damage)
         # The operators register here, as torch.ops.load_library records.
         torch.ops.load_library(str(path))
         self.path = path
@@ -92,7 +116,7 @@ class CpuLibrary(Library):
     """lltm's CPU library: the op schemas and the CPU kernels (csrc/cpu/module.cpp)."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(path, "lltm_cpu")
+        super().__init__(path, "lltm_cpu", "lltm")
         self._cpu_isa = self.reporter("isa")
 
     def cpu_isa(self) -> str:
@@ -105,8 +129,8 @@ class CpuLibrary(Library):
 class CudaLibrary(Library):
     """The CUDA plugin's library: the CUDA kernels (csrc/cuda/module.cpp)."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, "lltm_cuda")
+    def __init__(self, path: Path, distribution: str) -> None:
+        super().__init__(path, "lltm_cuda", distribution)
         self.cuda_version = self.text("runtime_version")
         self.cuda_archs = self.text("archs")
         self._kernel_image_problem = self.reporter("kernel_image_problem", ctypes.c_int)

@@ -79,7 +79,7 @@ def functorch_transforms_active() -> bool:
     return _transforms_active() if _transforms_active is not None else True
 
 
-_has_level = _probe(
+_forward_ad_level = _probe(
     "forward_ad_level",
     "torch.autograd.forward_ad._current_level",
     "1.11",
@@ -89,8 +89,10 @@ _has_level = _probe(
 
 def forward_ad_active() -> bool:
     """Whether a forward-mode AD level (``torch.autograd.forward_ad.dual_level``) is open."""
-    level = getattr(_forward_ad, "_current_level", None)
-    return level is None or level >= 0
+    if _forward_ad_level is None:
+        return True
+    level: int = _forward_ad._current_level  # a module global: read on every call
+    return level >= 0
 
 
 _any_autocast = _probe(

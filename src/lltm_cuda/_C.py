@@ -12,7 +12,10 @@ from pathlib import Path
 
 from lltm import _native
 
-_library = _native.CudaLibrary(_native.library_file(Path(__file__).parent, "lltm_cuda"))
+# Installed as lltm_cuda<major> by the distribution lltm-cuda<major>.
+_library = _native.CudaLibrary(
+    _native.library_file(Path(__file__).parent, "lltm_cuda"), __package__.replace("_", "-")
+)
 
 library: Path = _library.path
 """The library file."""

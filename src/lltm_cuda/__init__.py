@@ -9,17 +9,10 @@ they are active.
 from __future__ import annotations
 
 import lltm.ops  # noqa: F401  (declares the op schemas these kernels implement)
-from lltm import _backends
 
-# Imported directly (not by lltm), a damaged library is still never loaded.
-_damage = _backends.plugin_damage(__name__)
-if _damage:
-    raise ImportError(
-        f"{__name__} is damaged ({_damage}): "
-        f"pip install --force-reinstall --no-deps '{__name__.replace('_', '-')}'"
-    )
-
-from . import _C  # noqa: E402
+# A damaged library is never loaded, imported directly or by lltm
+# (lltm._native.DamagedLibrary).
+from . import _C
 
 __version__: str = _C.lltm_version
 """The lltm version these kernels were built from; lltm requires it to equal its own."""

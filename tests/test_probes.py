@@ -1,0 +1,222 @@
+"""Each private name of torch that lltm reads holds its contract under this torch.
+
+lltm/_probes.py keeps every private name of torch lltm touches behind one
+probe. These tests run under every torch of the matrix (2.10, 2.13, 2.15):
+the first says which probes this torch has, the others what each must
+answer, and the last that lltm still imports, warns once and computes the
+same where all of them are missing, as a torch release that moved them would
+leave it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+from conftest import make_inputs
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import lltm
+from lltm import _probes
+
+
+@pytest.mark.parametrize("name", _probes.PROBES)
+def test_this_torch_has_what_the_probe_reads(name):
+    probe = _probes.PROBES[name]
+    assert probe.found, f"torch {torch.__version__} lacks {probe.needs}: {probe.fallback}"
+    assert name not in _probes.MISSING
+
+
+def test_functorch_transforms_active():
+    seen = []
+
+    def record(x):
+        seen.append(_probes.functorch_transforms_active())
+        return x.sin()
+
+    record(torch.ones(2))
+    torch.func.vmap(record)(torch.ones(2))
+    torch.func.grad(lambda x: record(x).sum())(torch.ones(2))
+    assert seen == [False, True, True]
+
+
+def test_nested_differentiation():
+    seen = []
+
+    def record(x):
+        seen.append(_probes.nested_differentiation())
+        return x.sin().sum()
+
+    torch.func.grad(record)(torch.ones(2))
+    torch.func.vmap(torch.func.grad(record))(torch.ones(3, 2))
+    torch.func.grad(torch.func.grad(record))(torch.ones(()))
+    torch.func.jvp(torch.func.grad(record), (torch.ones(2),), (torch.ones(2),))
+    assert seen == [False, False, True, True]
+
+
+def test_forward_ad_active():
+    assert not _probes.forward_ad_active()
+    with fwAD.dual_level():
+        assert _probes.forward_ad_active()
+    assert not _probes.forward_ad_active()
+
+
+def test_any_autocast_enabled():
+    assert not _probes.any_autocast_enabled()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _probes.any_autocast_enabled()
+        with torch.autocast("cpu", enabled=False):
+            assert not _probes.any_autocast_enabled()
+
+
+def test_dispatch_modes_active():
+    class Watching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert not _probes.dispatch_modes_active()
+    with Watching():
+        assert _probes.dispatch_modes_active()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert _probes.dispatch_modes_active()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
+def test_jit_tracing():
+    seen = []
+
+    def record(x):
+        seen.append(_probes.jit_tracing())
+        return x * 2
+
+    record(torch.ones(1))
+    torch.jit.trace(record, torch.ones(1), check_trace=False)
+    assert seen == [False, True]
+
+
+def test_below_autograd_and_redispatch():
+    args = make_inputs(2, 3, 4, requires_grad=True)
+    with _probes.below_autograd():
+        new_h, _, _ = _probes.direct(torch.ops.lltm.forward.default)(*args)
+    assert new_h.grad_fn is None  # the Autograd kernel did not run
+    # The Autograd kernel redispatches below itself when nothing differentiates.
+    with torch.no_grad():
+        op_h, _, _ = torch.ops.lltm.forward(*args)
+    assert op_h.grad_fn is None and torch.equal(op_h, new_h)
+
+
+def test_any_requires_grad():
+    x, y = torch.ones(1), torch.ones(1, requires_grad=True)
+    assert not _probes.any_requires_grad(x, None, 3, x)
+    assert _probes.any_requires_grad(x, None, y)
+
+
+def test_the_function_base_records_its_node_at_its_transforms_level():
+    assert issubclass(torch.autograd.Function, _probes.FunctionBase)
+    # lltm's Functions under two transforms at once (per-sample gradients).
+    inputs = make_inputs(3, 2, 4)
+    grads = torch.func.vmap(
+        torch.func.grad(
+            lambda w, x: lltm.lltm_cell(x[None], w, *inputs[2:3], *(t[:1] for t in inputs[3:]))[
+                0
+            ].sum()
+        ),
+        in_dims=(None, 0),
+    )(inputs[1], inputs[0])
+    assert grads.shape == (3, *inputs[1].shape)
+
+
+def test_dispatcher_queries():
+    assert _probes.has_kernel("lltm::forward", "CPU") is True
+    assert _probes.has_kernel("lltm::forward", "Lazy") is False
+    assert _probes.has_dispatch_key("AutocastCPU")
+    assert not _probes.has_dispatch_key("NoSuchKey")
+
+
+def test_direct_calls_what_the_operator_calls():
+    op = torch.ops.lltm.forward.default
+    assert _probes.direct(op) is op._op
+    args = make_inputs(2, 3, 4)
+    for ours, theirs in zip(_probes.direct(op)(*args), op(*args), strict=True):
+        assert torch.equal(ours, theirs)
+
+
+# --- Without any of them ------------------------------------------------------------------
+
+# In a fresh interpreter: every name the probes read removed from torch while
+# lltm/_probes.py runs (as a torch that moved them all would have it), then
+# put back for torch's own use; lltm must import, warn once naming them, and
+# compute what the reference computes, in eager mode and under torch.func.
+_WITHOUT_PROBES = textwrap.dedent(
+    """
+    import importlib.machinery, json, sys, warnings
+    sys.path[:0] = {paths!r}
+    import torch, torch.autograd.forward_ad, torch._functorch.utils, torch.autograd.function
+
+    removed = []
+    for dotted in {needs!r}:
+        *parents, name = dotted.split(".")
+        parent = sys.modules.get(".".join(parents))
+        if parent is not None and hasattr(parent, name):  # not a class's: OpOverload._op
+            removed.append((parent, name, getattr(parent, name)))
+
+    class WithoutThemWhileProbing:
+        def find_spec(self, name, path, target=None):
+            if name != "lltm._probes":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                for parent, attribute, _ in removed:
+                    delattr(parent, attribute)
+                try:
+                    run(module)
+                finally:
+                    for parent, attribute, value in removed:
+                        setattr(parent, attribute, value)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, WithoutThemWhileProbing())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import lltm
+
+    from lltm import _probes, reference
+    messages = [str(w.message) for w in caught if "lacks what lltm reads" in str(w.message)]
+    inputs = [t.requires_grad_() for t in reference.example_inputs(dtype=torch.float64)]
+    ours = lltm.lltm_cell(*inputs)
+    theirs = reference.lltm_cell(*inputs)
+    grads = [torch.autograd.grad(sum(o.sum() for o in out), inputs) for out in (ours, theirs)]
+    errors = [float((a - b).abs().max()) for a, b in zip((*ours, *grads[0]), (*theirs, *grads[1]))]
+    func = torch.func.grad(lambda w: lltm.lltm_cell(inputs[0], w, *inputs[2:])[0].sum())(inputs[1])
+    func_ref = torch.func.grad(lambda w: reference.lltm_cell(inputs[0], w, *inputs[2:])[0].sum())(inputs[1])
+    errors.append(float((func - func_ref).abs().max()))
+    print(json.dumps({{"missing": list(_probes.MISSING), "messages": messages, "errors": errors}}))
+    """
+)
+
+
+def test_without_any_probe_lltm_imports_warns_once_and_computes_the_same():
+    needs = [probe.needs for probe in _probes.PROBES.values()]
+    script = _WITHOUT_PROBES.format(paths=[str(Path(lltm.__file__).parents[1])], needs=needs)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    # Every probe whose names could be removed fell back (direct_call reads
+    # an instance attribute that cannot be).
+    assert set(report["missing"]) == set(_probes.PROBES) - {"direct_call"}, report
+    assert len(report["messages"]) == 1, report
+    assert max(report["errors"]) < 1e-12, report
