@@ -26,9 +26,11 @@
 
 #else
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <torch/csrc/stable/accelerator.h>
+#ifdef __CUDACC__
+#include <cooperative_groups.h>
+#endif
 
 #define LLTM_CUDA_DISPATCH_KEY CUDA
 // `kernel` (grid, block, stream)(args...): a launch with no shared memory.
@@ -41,6 +43,9 @@
 
 namespace lltm::cuda {
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
+// Device code, for nvcc only: module.cpp, host code compiled by the host
+// compiler, includes this file too.
+#ifdef __CUDACC__
 // Block, cluster and grid barriers.
 namespace cg = cooperative_groups;
 
@@ -52,6 +57,7 @@ __device__ __forceinline__ unsigned char* dynamic_shared_memory() {
   extern __shared__ __align__(16) unsigned char lltm_dynamic_shared[];
   return lltm_dynamic_shared;
 }
+#endif
 }  // namespace lltm::cuda
 
 #endif
