@@ -1,18 +1,25 @@
 """lltm's CUDA sources, built for the host and run on CPU tensors (tests only).
 
-No machine lltm is built or tested on has a GPU. The kernels under csrc/cuda
-are grid-stride loops with no shared memory, barriers or warp intrinsics,
-and the rest is host code calling torch's C shim, so the same files compiled
-by the host C++ compiler against an emulation of the CUDA runtime
-(csrc/cuda_host/lltm_cuda_host.h: every block and thread of a grid run in
-turn, the GPU's launch limits and alignment rules checked, GEMMs on torch's
-CPU shim) compute what the GPU computes. The library built here registers
-them as ``lltm_cuda_host::forward``, ``backward``, ``sequence_forward``,
-``sequence_backward`` and ``sequence_gate_grads`` for CPU tensors, with the
-schemas of csrc/lltm_ops.cpp (compiled again under that namespace), and
-carries the CUDA plugin's own C functions (csrc/cuda/module.cpp, read as
-the plugin's ``_C`` reads them) and a Python module, ``emulation``, the
-controls of the emulated GPU.
+CI's machines have no GPU. Everything under csrc/cuda but the kernels is host
+code calling torch's C shim, and the kernels are C++ but for a few of CUDA's
+names, so the same files compiled by the host C++ compiler against an
+emulation of the CUDA runtime (csrc/cuda_host: each file of the build
+includes lltm_cuda_host.h, then the CUDA source) compute what the GPU
+computes: plain launches run every block and thread of a grid in turn;
+cudaLaunchKernelEx runs every thread as a fiber, with each block's shared
+memory, block, cluster and grid barriers, the threads in a schedule's order
+between barriers (forward, reverse or seeded random), after the checks a GPU
+makes (shared memory, clusters, co-residency of a cooperative grid); the GPU's
+launch limits and alignment rules are checked, GEMMs run on torch's CPU shim.
+The library built here registers the kernels as ``lltm_cuda_host::forward``,
+``backward``, ``sequence_forward``, ``sequence_backward`` and
+``sequence_gate_grads`` for CPU tensors, with the schemas of
+csrc/lltm_ops.cpp (compiled again under that namespace), and carries the CUDA
+plugin's own C functions (csrc/cuda/module.cpp, read as the plugin's ``_C``
+reads them) and a Python module, ``emulation``, the controls of the emulated
+GPU (an H100 until a test sets otherwise; ``reset()`` restores it), its
+schedules (``set_schedule``, ``drop_barrier``) and the probes of
+tests/test_cuda_host.py.
 
 :func:`routed` makes lltm's own ops run them: for its duration the CPU
 kernels of ``lltm::forward``, ... are these, registered with the public
@@ -57,7 +64,10 @@ SOURCES = [
     "csrc/cuda_host/lltm_cuda_sequence_backward.cpp",
     "csrc/cuda_host/lltm_cuda_persistent.cpp",
     "csrc/cuda_host/plugin_module.cpp",
+    "csrc/cuda_host/lltm_cuda_host_fibers.cpp",
+    "csrc/cuda_host/lltm_cuda_host_launch.cpp",
     "csrc/cuda_host/emulation.cpp",
+    "csrc/cuda_host/emulation_fibers.cpp",
 ]
 
 

@@ -1,14 +1,19 @@
 """The CUDA sources built for the host (tests/cuda_host.py): the emulation
-itself, the kernels' index space and launch limits, the CUDA kernels against
-the CPU kernels call for call, and the CUDA plugin's device probe.
+itself, the kernels' index space and launch limits, kernels with barriers and
+shared memory, the launch checks, the CUDA kernels against the CPU kernels
+call for call, and the CUDA plugin's device probe.
 
 That the emulation runs a grid as the GPU would is shown first: every
 (blockIdx, threadIdx) of the GPU's index space once, the launch limits and
 alignment rules of the GPU enforced. Then the grid-stride loops of every
 pointwise kernel (csrc/cuda/lltm_cuda_launch.cuh's for_each_pack, under the
 tiling row_tiling chooses) write each element of a matrix exactly once, for
-many sizes, pack widths and multiprocessor counts. The suites of
-conftest.py's ``kernels`` fixture then hold the kernels to the references.
+many sizes, pack widths and multiprocessor counts. Probe kernels with block,
+cluster and grid barriers give the right answer in every schedule and a wrong
+one in some schedule without their barrier; barriers that can never complete
+are faults; cudaLaunchKernelEx's checks return a GPU's errors and agree with
+the occupancy functions. The suites of conftest.py's ``kernels`` fixture then
+hold the kernels to the references.
 
 Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
 """
@@ -158,6 +163,444 @@ def test_no_multiprocessor_reported_still_tiles():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("(0, 0, 0,"), result.stdout
+
+
+# --- Kernels with barriers and shared memory: fibers --------------------------------------
+#
+# cudaLaunchKernelEx runs each thread as a fiber, so that threads can wait at
+# barriers; between barriers they run in the schedule's order. Each probe
+# kernel gives the right answer under every schedule with its barriers, and a
+# wrong one under some schedule without them: the barriers are what order it.
+
+SCHEDULES = [("forward", 0), ("reverse", 0), ("random", 1), ("random", 2)]
+# Blocks of one thread, odd shapes in 2-D, a full 1024-thread block.
+BLOCK_SHAPES = [((3, 1, 1), (5, 2, 1)), ((2, 3, 1), (1, 1, 1)), ((2, 1, 2), (7, 3, 2)),
+                ((1, 1, 1), (1024, 1, 1))]  # fmt: skip
+
+
+def _schedule_id(schedule):
+    return f"{schedule[0]}{schedule[1] or ''}"
+
+
+def _blocks(dims):
+    return dims[0] * dims[1] * dims[2]
+
+
+def _neighbour_answers(grid, block):
+    """What each thread of neighbour_kernel reads: its block's rank, and the
+    next thread's rank in the block (block << 16 | thread)."""
+    n = _blocks(block)
+    return [b << 16 | (t + 1) % n for b in range(_blocks(grid)) for t in range(n)]
+
+
+def _cluster_answers(grid, cluster, block):
+    """(value, block rank, cluster size) of each thread of
+    cluster_neighbour_kernel: the slot of the next block of its cluster."""
+    n, size = _blocks(block), _blocks(cluster)
+    cx, cy, _ = cluster
+    answers = []
+    for bz, by, bx in itertools.product(*(range(d) for d in reversed(grid))):
+        rank = (bz % cluster[2] * cy + by % cy) * cx + bx % cx
+        peer = (rank + 1) % size
+        px = bx - bx % cx + peer % cx
+        py = by - by % cy + peer // cx % cy
+        pz = bz - bz % cluster[2] + peer // (cx * cy)
+        peer_block = (pz * grid[1] + py) * grid[0] + px
+        for t in range(n):
+            answers += [peer_block << 16 | t, rank, size]
+    return answers
+
+
+def _grid_answers(grid, block, steps):
+    """Each thread's value after grid_exchange_kernel's `steps` exchanges."""
+    n, stride = _blocks(grid) * _blocks(block), _blocks(block)
+    values = list(range(n))
+    for s in range(steps):
+        values = [(values[(g + stride) % n] * 3 + s) & 0xFFFFFFFF for g in range(n)]
+    return values
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["__syncthreads", "thread_block"])
+@pytest.mark.parametrize("cooperative", [False, True], ids=["block_by_block", "cooperative"])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_schedule_id)
+def test_block_barrier_orders_shared_memory(emulation, schedule, cooperative, group):
+    # Each block has its own shared memory: in a cooperative launch under the
+    # forward schedule every block writes its slots before any thread reads,
+    # so one arena for all would give the last block's values everywhere.
+    emulation.set_schedule(*schedule)
+    for grid, block in BLOCK_SHAPES:
+        got = emulation.neighbours(grid, block, cooperative, group)
+        assert got == _neighbour_answers(grid, block), (grid, block)
+
+
+def test_without_the_block_barrier_threads_read_garbage(emulation):
+    # A thread that reads before its neighbour wrote gets the arena's garbage
+    # (0xff bytes): forward, every thread but the last of each block; reverse,
+    # the last.
+    emulation.drop_barrier("block")
+    grid, block = (3, 1, 1), (5, 2, 1)
+    wrong = {}
+    for schedule in SCHEDULES:
+        emulation.set_schedule(*schedule)
+        got = emulation.neighbours(grid, block, True, False)
+        expected = _neighbour_answers(grid, block)
+        wrong[schedule] = sum(g != e for g, e in zip(got, expected, strict=True))
+    assert wrong[("forward", 0)] == 3 * 9
+    assert wrong[("reverse", 0)] == 3
+    assert all(wrong.values()), wrong
+    emulation.drop_barrier("")
+    assert emulation.neighbours(grid, block, True, False) == _neighbour_answers(grid, block)
+
+
+def test_schedules_order_the_threads_between_barriers(emulation):
+    grid, block = (2, 1, 1), (3, 1, 1)
+    forward = [(r, b, t) for r in range(2) for b in range(2) for t in range(3)]
+    assert emulation.schedule_seen(grid, block, True) == forward
+    emulation.set_schedule("reverse")
+    reverse = [(r, b, t) for r in range(2) for b in reversed(range(2)) for t in reversed(range(3))]
+    assert emulation.schedule_seen(grid, block, True) == reverse
+    # Block by block (no cooperative launch), the blocks run in the order too.
+    assert emulation.schedule_seen(grid, block, False) == [
+        (r, b, t) for b in reversed(range(2)) for r in range(2) for t in reversed(range(3))
+    ]
+    # Random: every thread once a round, the rounds apart, in an order the
+    # seed decides.
+    runs = {}
+    for seed in (1, 1, 2):
+        emulation.set_schedule("random", seed)
+        seen = emulation.schedule_seen((4, 1, 1), (8, 1, 1), True)
+        assert sorted(seen[:32]) == [(0, b, t) for b in range(4) for t in range(8)]
+        assert sorted(seen[32:]) == [(1, b, t) for b in range(4) for t in range(8)]
+        runs.setdefault(seed, []).append(seen)
+    assert runs[1][0] == runs[1][1]
+    assert runs[1][0] != runs[2][0]
+    assert runs[1][0][:32] != sorted(runs[1][0][:32])
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_schedule_id)
+@pytest.mark.parametrize(
+    ("grid", "cluster", "block"),
+    [((4, 1, 1), (2, 1, 1), (32, 1, 1)), ((6, 2, 1), (3, 2, 1), (8, 2, 1)),
+     ((8, 1, 1), (8, 1, 1), (16, 1, 1)), ((2, 2, 2), (2, 2, 2), (5, 1, 1)),
+     ((3, 1, 1), (1, 1, 1), (4, 1, 1))],
+    ids=str,
+)  # fmt: skip
+def test_cluster_barrier_and_distributed_shared_memory(emulation, schedule, grid, cluster, block):
+    emulation.set_schedule(*schedule)
+    assert emulation.cluster_neighbours(grid, cluster, block) == _cluster_answers(
+        grid, cluster, block
+    )
+
+
+def test_without_the_cluster_barrier_blocks_read_garbage(emulation):
+    # Forward, each block reads the next before it ran; reverse, the next has
+    # already exited (its shared memory is garbage once it has).
+    emulation.drop_barrier("cluster")
+    shape = (4, 1, 1), (2, 1, 1), (32, 1, 1)
+    expected = _cluster_answers(*shape)
+    for schedule in SCHEDULES:
+        emulation.set_schedule(*schedule)
+        assert emulation.cluster_neighbours(*shape) != expected, schedule
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_schedule_id)
+def test_grid_barrier_orders_global_memory(emulation, schedule):
+    emulation.set_schedule(*schedule)
+    for grid, block, steps in [((3, 1, 1), (4, 1, 1), 5), ((2, 2, 1), (3, 2, 1), 4),
+                               ((5, 1, 1), (64, 1, 1), 3), ((1, 1, 1), (7, 1, 1), 6)]:  # fmt: skip
+        assert emulation.grid_exchange(grid, block, steps) == _grid_answers(grid, block, steps)
+
+
+def test_without_the_grid_barrier_threads_read_garbage(emulation):
+    emulation.drop_barrier("grid")
+    expected = _grid_answers((3, 1, 1), (4, 1, 1), 5)
+    for schedule in SCHEDULES:
+        emulation.set_schedule(*schedule)
+        assert emulation.grid_exchange((3, 1, 1), (4, 1, 1), 5) != expected, schedule
+
+
+STALLS = {
+    0: r"in lltm::cuda_host::probes::stall_kernel\(int\), __syncthreads\(\) .* in block "
+    r"\((\d),0,0\) can never complete: it waits for all 64 threads; 32 wait there, 32 returned "
+    r"without reaching it \(thread \(32,0,0\) of block \(\1,0,0\) first\)",
+    1: r"cg::this_grid\(\).sync\(\) in the grid can never complete: it waits for all 128 "
+    r"threads; 96 wait there, 32 returned without reaching it \(thread \(0,0,0\) of block "
+    r"\(1,0,0\) first\)",
+    2: r"cg::this_cluster\(\).sync\(\) in the cluster of block \([02],0,0\) can never complete: "
+    r"it waits for all 64 threads; 32 wait there, 32 returned",
+    3: r"cg::this_grid\(\).sync\(\) in the grid can never complete: it waits for all 64 "
+    r"threads; 32 wait there, 32 wait at __syncthreads\(\)",
+}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES[:2], ids=_schedule_id)
+@pytest.mark.parametrize(
+    "which", STALLS, ids=["exit_before_block", "exit_before_grid", "exit_before_cluster",
+                          "different_barriers"],
+)  # fmt: skip
+def test_barriers_that_never_complete_are_faults(emulation, which, schedule):
+    emulation.set_schedule(*schedule)
+    with pytest.raises(RuntimeError, match=STALLS[which]):
+        emulation.stall(which)
+    # Every thread still waiting was unwound (its objects destroyed).
+    assert emulation.alive() == 0
+    # And the emulation runs the next launch as if nothing happened.
+    assert emulation.neighbours((2, 1, 1), (8, 1, 1), True, False) == _neighbour_answers(
+        (2, 1, 1), (8, 1, 1)
+    )
+
+
+MISUSES = {
+    0: r"__syncthreads\(\) .* in a plain launch \(LLTM_LAUNCH .*\): kernels with barriers or "
+    r"shared memory are launched with cudaLaunchKernelEx",
+    1: r"lltm::cuda::dynamic_shared_memory\(\) in a plain launch",
+    2: r"misuse_kernel\(int, unsigned int\*\), cg::this_grid\(\).sync\(\) in a launch without "
+    r"cudaLaunchAttributeCooperative",
+    3: r"cg::this_cluster\(\).sync\(\) on a GPU of compute capability 8.0: clusters need 9.0",
+    4: r"map_shared_rank\(\) of an address outside the block's 64 bytes of shared memory",
+    5: r"map_shared_rank\(\) to rank 2 of a cluster of 1 blocks",
+    6: r"the kernel executed __trap\(\)",
+}
+
+
+@pytest.mark.parametrize(
+    "which", MISUSES, ids=["plain_barrier", "plain_shared_memory", "grid_not_cooperative",
+                           "cluster_below_sm90", "map_outside", "map_past_cluster", "trap"],
+)  # fmt: skip
+def test_what_kernels_may_not_do_is_a_fault(emulation, which):
+    if which == 3:
+        emulation.set_capability(8, 0)
+    with pytest.raises(RuntimeError, match=MISUSES[which]):
+        emulation.misuse(which)
+    assert emulation.alive() == 0
+
+
+def test_swapcontext_runs_fibers_as_the_assembly_does(emulation):
+    # The emulation switches fibers with its own x86-64 code; swapcontext is
+    # the fallback (other architectures, shadow stacks): both run the probes
+    # alike.
+    for switch in ("ucontext", "assembly"):
+        if not emulation.set_fiber_switch(switch):
+            continue
+        for schedule in SCHEDULES:
+            emulation.set_schedule(*schedule)
+            assert emulation.neighbours((3, 1, 1), (5, 2, 1), True, True) == _neighbour_answers(
+                (3, 1, 1), (5, 2, 1)
+            )
+            shape = (6, 2, 1), (3, 2, 1), (8, 2, 1)
+            assert emulation.cluster_neighbours(*shape) == _cluster_answers(*shape)
+            assert emulation.grid_exchange((3, 1, 1), (4, 1, 1), 5) == _grid_answers(
+                (3, 1, 1), (4, 1, 1), 5
+            )
+        with pytest.raises(RuntimeError, match=STALLS[1]):
+            emulation.stall(1)
+        assert emulation.alive() == 0
+
+
+# --- cudaLaunchKernelEx checks what a GPU checks ------------------------------------------
+
+KIB = 1024
+
+
+def _attribute(emulation, name):
+    error, value = emulation.device_attribute(getattr(emulation, name))
+    assert error == 0, name
+    return value
+
+
+def test_the_emulated_gpu_is_an_h100(emulation):
+    expected = {
+        "cudaDevAttrMultiProcessorCount": 132,
+        "cudaDevAttrComputeCapabilityMajor": 9,
+        "cudaDevAttrComputeCapabilityMinor": 0,
+        "cudaDevAttrCooperativeLaunch": 1,
+        "cudaDevAttrClusterLaunch": 1,
+        "cudaDevAttrMaxSharedMemoryPerBlock": 48 * KIB,
+        "cudaDevAttrMaxSharedMemoryPerBlockOptin": 227 * KIB,
+        "cudaDevAttrMaxSharedMemoryPerMultiprocessor": 228 * KIB,
+        "cudaDevAttrMaxThreadsPerMultiProcessor": 2048,
+        "cudaDevAttrMaxBlocksPerMultiprocessor": 32,
+        "cudaDevAttrReservedSharedMemoryPerBlock": KIB,
+    }
+    assert {name: _attribute(emulation, name) for name in expected} == expected
+
+
+def test_device_attributes_follow_the_settings_until_reset(emulation):
+    emulation.set_multiprocessors(108)
+    emulation.set_capability(8, 0)
+    emulation.set_shared_memory(164 * KIB, 163 * KIB)
+    emulation.set_multiprocessor_limits(1536, 16)
+    emulation.set_cooperative_launch(False)
+    settings = {
+        "cudaDevAttrMultiProcessorCount": 108,
+        "cudaDevAttrComputeCapabilityMajor": 8,
+        "cudaDevAttrCooperativeLaunch": 0,
+        "cudaDevAttrClusterLaunch": 0,
+        "cudaDevAttrMaxSharedMemoryPerBlockOptin": 163 * KIB,
+        "cudaDevAttrMaxSharedMemoryPerMultiprocessor": 164 * KIB,
+        "cudaDevAttrMaxThreadsPerMultiProcessor": 1536,
+        "cudaDevAttrMaxBlocksPerMultiprocessor": 16,
+    }
+    assert {name: _attribute(emulation, name) for name in settings} == settings
+    emulation.set_schedule("reverse")
+    emulation.drop_barrier("block")
+    assert emulation.launch_check((1, 1, 1), (1, 1, 1), 0, None, False, 100 * KIB, -1)[0] == 0
+    emulation.reset()
+    assert _attribute(emulation, "cudaDevAttrMultiProcessorCount") == 132
+    assert _attribute(emulation, "cudaDevAttrClusterLaunch") == 1
+    # The schedule, the barriers and the kernels' attributes too.
+    assert emulation.schedule_seen((1, 1, 1), (2, 1, 1), False) == [
+        (0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)
+    ]  # fmt: skip
+    assert emulation.neighbours((2, 1, 1), (8, 1, 1), False, False) == _neighbour_answers(
+        (2, 1, 1), (8, 1, 1)
+    )
+    launch = emulation.launch_check((1, 1, 1), (1, 1, 1), 100 * KIB, None, False, -1, -1)
+    assert launch[1] == emulation.cudaErrorInvalidValue
+
+
+# (grid, block, shared, cluster, cooperative, shared attribute, non-portable),
+# and what the GPU answers: (cudaFuncSetAttribute's error, the launch's).
+OK, VALUE, CONFIG, CLUSTER, TOO_LARGE, UNSUPPORTED = (
+    "cudaSuccess", "cudaErrorInvalidValue", "cudaErrorInvalidConfiguration",
+    "cudaErrorInvalidClusterSize", "cudaErrorCooperativeLaunchTooLarge", "cudaErrorNotSupported",
+)  # fmt: skip
+LAUNCH_CHECKS = {
+    "48KiB_without_attribute": (((2, 1, 1), (64, 1, 1), 48 * KIB, None, False, -1, -1), OK, OK),
+    "over_48KiB_without_attribute": (
+        ((2, 1, 1), (64, 1, 1), 48 * KIB + 16, None, False, -1, -1), OK, VALUE),
+    "100KiB_with_attribute": (((2, 1, 1), (64, 1, 1), 100 * KIB, None, False, 100 * KIB, -1), OK, OK),
+    "over_the_attribute": (
+        ((2, 1, 1), (64, 1, 1), 100 * KIB + 16, None, False, 100 * KIB, -1), OK, VALUE),
+    "227KiB_with_attribute": (((1, 1, 1), (64, 1, 1), 227 * KIB, None, False, 227 * KIB, -1), OK, OK),
+    "attribute_past_opt_in": (
+        ((1, 1, 1), (64, 1, 1), 227 * KIB + 16, None, False, 227 * KIB + 16, -1), VALUE, VALUE),
+    "1025_threads": (((1, 1, 1), (1025, 1, 1), 0, None, False, -1, -1), OK, CONFIG),
+    "cluster_8": (((16, 1, 1), (32, 1, 1), 0, (8, 1, 1), False, -1, -1), OK, OK),
+    "cluster_2x2x2": (((4, 2, 2), (32, 1, 1), 0, (2, 2, 2), False, -1, -1), OK, OK),
+    "cluster_9_portable": (((9, 1, 1), (32, 1, 1), 0, (9, 1, 1), False, -1, -1), OK, CLUSTER),
+    "cluster_9_non_portable": (((9, 1, 1), (32, 1, 1), 0, (9, 1, 1), False, -1, 1), OK, OK),
+    "cluster_16_non_portable": (((16, 1, 1), (32, 1, 1), 0, (16, 1, 1), False, -1, 1), OK, OK),
+    "cluster_17_non_portable": (((17, 1, 1), (32, 1, 1), 0, (17, 1, 1), False, -1, 1), OK, CLUSTER),
+    "cluster_not_dividing_grid": (((6, 1, 1), (32, 1, 1), 0, (4, 1, 1), False, -1, -1), OK, CLUSTER),
+    "cluster_of_zero": (((4, 1, 1), (32, 1, 1), 0, (0, 1, 1), False, -1, -1), OK, CLUSTER),
+    # 200 KiB a block: one block a multiprocessor; 16 blocks fit the GPCs of 16 or 18.
+    "cluster_16_of_200KiB": (
+        ((16, 1, 1), (32, 1, 1), 200 * KIB, (16, 1, 1), False, 200 * KIB, 1), OK, OK),
+    # 1024 threads a block: two a multiprocessor, 264 on the GPU at once.
+    "cooperative_264": (((264, 1, 1), (1024, 1, 1), 0, None, True, -1, -1), OK, OK),
+    "cooperative_265": (((265, 1, 1), (1024, 1, 1), 0, None, True, -1, -1), OK, TOO_LARGE),
+    "cooperative_132_of_120KiB": (
+        ((132, 1, 1), (64, 1, 1), 120 * KIB, None, True, 120 * KIB, -1), OK, OK),
+    "cooperative_133_of_120KiB": (
+        ((133, 1, 1), (64, 1, 1), 120 * KIB, None, True, 120 * KIB, -1), OK, TOO_LARGE),
+    # Clusters of 8 blocks of 200 KiB: 16 at once (two a GPC).
+    "cooperative_clusters_128": (
+        ((128, 1, 1), (32, 1, 1), 200 * KIB, (8, 1, 1), True, 200 * KIB, -1), OK, OK),
+    "cooperative_clusters_136": (
+        ((136, 1, 1), (32, 1, 1), 200 * KIB, (8, 1, 1), True, 200 * KIB, -1), OK, TOO_LARGE),
+}  # fmt: skip
+
+
+def _check_launch(emulation, args):
+    attribute, launch, last, ran = emulation.launch_check(*args)
+    # The error is also the thread's last error, as the runtime keeps it.
+    assert last == launch
+    grid, block = args[0], args[1]
+    assert ran == (_blocks(grid) * _blocks(block) if launch == 0 else 0)
+    return attribute, launch
+
+
+@pytest.mark.parametrize("case", LAUNCH_CHECKS)
+def test_launch_checks_return_the_gpus_errors(emulation, case):
+    args, attribute, launch = LAUNCH_CHECKS[case]
+    expected = (getattr(emulation, attribute), getattr(emulation, launch))
+    assert _check_launch(emulation, args) == expected
+
+
+def test_launch_checks_of_a_gpu_without_clusters_or_cooperative_launches(emulation):
+    emulation.set_capability(8, 0)
+    cluster = ((4, 1, 1), (32, 1, 1), 0, (2, 1, 1), False, -1, -1)
+    assert _check_launch(emulation, cluster)[1] == emulation.cudaErrorInvalidClusterSize
+    no_clusters = (emulation.cudaErrorInvalidClusterSize, -1)
+    assert emulation.max_active_clusters((2, 1, 1), (32, 1, 1), 0, -1, -1) == no_clusters
+    # A launch without clusters is fine on compute capability 8.0.
+    assert _check_launch(emulation, ((4, 1, 1), (32, 1, 1), 0, None, True, -1, -1)) == (0, 0)
+    emulation.set_cooperative_launch(False)
+    cooperative = ((4, 1, 1), (32, 1, 1), 0, None, True, -1, -1)
+    assert _check_launch(emulation, cooperative)[1] == emulation.cudaErrorNotSupported
+
+
+def test_fewer_free_multiprocessors_hold_fewer_blocks(emulation):
+    # MPS, or other work: a cooperative grid must fit the multiprocessors
+    # the launch can have.
+    emulation.set_free_multiprocessors(100)
+    fits = ((200, 1, 1), (1024, 1, 1), 0, None, True, -1, -1)
+    assert _check_launch(emulation, fits) == (0, 0)
+    too_many = ((201, 1, 1), (1024, 1, 1), 0, None, True, -1, -1)
+    assert _check_launch(emulation, too_many)[1] == emulation.cudaErrorCooperativeLaunchTooLarge
+    # A cluster of 16 blocks of 200 KiB needs a GPC with 16 free
+    # multiprocessors: 20 spread over 8 GPCs have none.
+    emulation.set_free_multiprocessors(20)
+    assert emulation.max_active_clusters((16, 1, 1), (32, 1, 1), 200 * KIB, 200 * KIB, 1) == (0, 0)
+    cluster = ((16, 1, 1), (32, 1, 1), 200 * KIB, (16, 1, 1), False, 200 * KIB, 1)
+    assert _check_launch(emulation, cluster)[1] == emulation.cudaErrorInvalidClusterSize
+
+
+@pytest.mark.parametrize("free", [-1, 100, 7])
+@pytest.mark.parametrize(
+    ("threads", "shared"),
+    [(32, 0), (256, 0), (1024, 0), (96, 40 * KIB), (128, 100 * KIB), (1024, 227 * KIB)],
+)
+def test_occupancy_agrees_with_the_launch_checks(emulation, threads, shared, free):
+    emulation.set_free_multiprocessors(free)
+    sms = 132 if free < 0 else free
+    error, per_sm = emulation.occupancy(threads, shared, shared)
+    assert error == 0
+    # As CUDA counts them: whole warps, the shared memory with the 1 KiB the
+    # driver reserves a block, at most 32 blocks.
+    warps = (threads + 31) // 32
+    assert per_sm == min(2048 // (32 * warps), 228 * KIB // (shared + KIB), 32)
+    fits = ((per_sm * sms, 1, 1), (threads, 1, 1), shared, None, True, shared, -1)
+    assert _check_launch(emulation, fits) == (0, 0)
+    one_more = ((per_sm * sms + 1, 1, 1), (threads, 1, 1), shared, None, True, shared, -1)
+    assert _check_launch(emulation, one_more)[1] == emulation.cudaErrorCooperativeLaunchTooLarge
+
+
+@pytest.mark.parametrize("free", [-1, 40])
+# Clusters at once on an H100's GPCs (two of 18 multiprocessors, six of 16).
+@pytest.mark.parametrize(
+    ("size", "shared", "expected"),
+    [(2, 200 * KIB, 66), (8, 200 * KIB, 16), (16, 200 * KIB, 8), (16, 100 * KIB, 16),
+     (3, 0, 1404)],
+)  # fmt: skip
+def test_cluster_occupancy_agrees_with_the_launch_checks(emulation, size, shared, expected, free):
+    emulation.set_free_multiprocessors(free)
+    error, clusters = emulation.max_active_clusters((size, 1, 1), (32, 1, 1), shared, shared, 1)
+    assert error == 0
+    if free < 0:
+        assert clusters == expected
+    block = (32, 1, 1)
+    one_cluster = ((size, 1, 1), block, shared, (size, 1, 1), False, shared, 1)
+    assert _check_launch(emulation, one_cluster)[1] == (
+        0 if clusters else emulation.cudaErrorInvalidClusterSize
+    )
+    if clusters:
+        # A cooperative grid of clusters: as many as fit at once.
+        fits = ((size * clusters, 1, 1), block, shared, (size, 1, 1), True, shared, 1)
+        assert _check_launch(emulation, fits) == (0, 0)
+        one_more = ((size * (clusters + 1), 1, 1), block, shared, (size, 1, 1), True, shared, 1)
+        assert _check_launch(emulation, one_more)[1] == emulation.cudaErrorCooperativeLaunchTooLarge
+
+
+def test_cluster_occupancy_needs_a_cluster_within_the_limits(emulation):
+    block = (32, 1, 1)
+    no_size = (emulation.cudaErrorInvalidValue, -1)
+    assert emulation.max_active_clusters(None, block, 0, -1, -1) == no_size
+    too_large = (emulation.cudaErrorInvalidClusterSize, -1)
+    assert emulation.max_active_clusters((9, 1, 1), block, 0, -1, -1) == too_large
+    assert emulation.max_active_clusters((9, 1, 1), block, 0, -1, 1)[0] == 0
+    assert emulation.max_active_clusters((17, 1, 1), block, 0, -1, 1) == too_large
 
 
 # --- The ops are the CUDA kernels while routed, lltm's CPU kernels after -------------------

@@ -6,18 +6,22 @@
 // dispatch key of the lltm namespace.
 //
 // The host build (LLTM_CUDA_HOST, tests/cuda_host.py; test-only, never
-// packaged) compiles the same files with the host C++ compiler against
-// csrc/cuda_host/lltm_cuda_host.h, which runs every block and thread of a
-// grid in turn on the CPU, and registers the kernels for CPU tensors under
+// packaged) compiles the same files with the host C++ compiler, each after
+// csrc/cuda_host/lltm_cuda_host.h, an emulation of the runtime that runs a
+// grid's threads on the CPU, and registers the kernels for CPU tensors under
 // the test namespace lltm_cuda_host, which declares the very schemas of
 // csrc/lltm_ops.cpp (compiled again with LLTM_OPS_NAMESPACE=lltm_cuda_host).
+// Nothing here includes the emulation: it provides what the #else branch
+// below takes from CUDA's headers.
 #pragma once
 
 #include <torch/csrc/stable/library.h>
 
 #ifdef LLTM_CUDA_HOST
 
-#include "../cuda_host/lltm_cuda_host.h"
+#ifndef LLTM_CUDA_HOST_EMULATION
+#error "the host build includes csrc/cuda_host/lltm_cuda_host.h before any csrc/cuda source"
+#endif
 
 #define LLTM_CUDA_DISPATCH_KEY CPU
 // `kernel` (grid, block, stream)(args...): every thread of the grid, in turn.

@@ -1,7 +1,10 @@
 // The host build's second Python module, `emulation`: the controls of the
-// emulated GPU (lltm_cuda_host.h) and the probes tests/test_cuda_host.py runs
-// through the emulation's own launch path and csrc/cuda's grid-stride loops.
-// Test-only, like the rest of the host build.
+// emulated GPU (lltm_cuda_host_gpu.h) and the probes tests/test_cuda_host.py
+// runs: of the plain launch path and csrc/cuda's grid-stride loops (here), of
+// kernels with barriers and shared memory and of cudaLaunchKernelEx's checks
+// (emulation_fibers.cpp). Test-only, like the rest of the host build.
+#include "emulation.h"
+// The emulation first, then the CUDA sources' helpers.
 #include <algorithm>
 #include <cstdint>
 #include <exception>
@@ -9,28 +12,13 @@
 #include <vector>
 
 #include "../cuda/lltm_cuda_launch.cuh"
-#include "lltm_cuda_host.h"
 #include "python_module.h"
-
-#ifndef LLTM_CUDA_HOST
-#error "emulation.cpp belongs to the host build (LLTM_CUDA_HOST)"
-#endif
 
 namespace {
 
 namespace host = lltm::cuda_host;
-
-// Runs fn(); a C++ exception becomes a Python RuntimeError. Returns false then.
-template <typename Fn>
-bool python_errors(Fn&& fn) {
-  try {
-    fn();
-    return true;
-  } catch (const std::exception& error) {
-    PyErr_SetString(PyExc_RuntimeError, error.what());
-    return false;
-  }
-}
+using host::emulation::parse_dim3;
+using host::emulation::python_errors;
 
 // --- Probes of the launch path --------------------------------------------------------
 
@@ -42,13 +30,6 @@ struct ThreadSeen {
 __global__ void record_thread(std::vector<ThreadSeen>* seen) {
   seen->push_back({{blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z,
                     gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y, blockDim.z}});
-}
-
-bool parse_dim3(PyObject* tuple, dim3& out) {
-  unsigned x = 0, y = 0, z = 0;
-  if (!PyArg_ParseTuple(tuple, "III", &x, &y, &z)) return false;
-  out = dim3(x, y, z);
-  return true;
 }
 
 // index_space(grid, block) -> list of the 12-tuples each thread saw, in the
@@ -207,23 +188,13 @@ PyObject* coverage(PyObject*, PyObject* args) {
 
 // --- The emulated GPU ---------------------------------------------------------------
 
-// reset(): an H100-like GPU of 132 multiprocessors, two devices of compute
-// capability 9.0, no context, no injected error; the calling thread on device
-// 0.
+// reset(): the emulated GPU as it starts (lltm_cuda_host_gpu.h): an H100 of
+// 132 multiprocessors, two devices, no context, no injected error, no kernel
+// attribute set, the forward schedule with every barrier; the calling thread
+// on device 0.
 PyObject* reset(PyObject*, PyObject*) {
-  host::Gpu& gpu = host::gpu();
-  gpu.multiprocessors = 132;
-  gpu.devices = 2;
-  gpu.capability_major = 9;
-  gpu.capability_minor = 0;
-  gpu.image_error = cudaSuccess;
-  gpu.set_device_error = cudaSuccess;
-  gpu.attribute_error = cudaSuccess;
-  for (auto& created : gpu.contexts) created = false;
-  gpu.hold_load = false;
-  gpu.timed_out = false;
-  host::current_device = 0;
-  host::last_error = cudaSuccess;
+  host::reset();
+  host::use_assembly_switch(true);
   Py_RETURN_NONE;
 }
 
@@ -239,6 +210,57 @@ PyObject* set_capability(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ii", &major, &minor)) return nullptr;
   host::gpu().capability_major = major;
   host::gpu().capability_minor = minor;
+  Py_RETURN_NONE;
+}
+
+// set_shared_memory(per_multiprocessor, per_block_optin): bytes.
+PyObject* set_shared_memory(PyObject*, PyObject* args) {
+  int per_multiprocessor = 0, per_block_optin = 0;
+  if (!PyArg_ParseTuple(args, "ii", &per_multiprocessor, &per_block_optin)) return nullptr;
+  host::gpu().shared_per_multiprocessor = per_multiprocessor;
+  host::gpu().shared_per_block_optin = per_block_optin;
+  Py_RETURN_NONE;
+}
+
+// set_multiprocessor_limits(threads, blocks): what one multiprocessor holds.
+PyObject* set_multiprocessor_limits(PyObject*, PyObject* args) {
+  int threads = 0, blocks = 0;
+  if (!PyArg_ParseTuple(args, "ii", &threads, &blocks)) return nullptr;
+  host::gpu().threads_per_multiprocessor = threads;
+  host::gpu().blocks_per_multiprocessor = blocks;
+  Py_RETURN_NONE;
+}
+
+PyObject* set_cooperative_launch(PyObject*, PyObject* args) {
+  int supported = 0;
+  if (!PyArg_ParseTuple(args, "p", &supported)) return nullptr;
+  host::gpu().cooperative_launch = supported != 0;
+  Py_RETURN_NONE;
+}
+
+// set_cluster_sizes(portable, non_portable): the largest clusters, in blocks.
+PyObject* set_cluster_sizes(PyObject*, PyObject* args) {
+  int portable = 0, non_portable = 0;
+  if (!PyArg_ParseTuple(args, "ii", &portable, &non_portable)) return nullptr;
+  host::gpu().portable_cluster_size = portable;
+  host::gpu().non_portable_cluster_size = non_portable;
+  Py_RETURN_NONE;
+}
+
+// set_gpcs(count): the GPCs the multiprocessors are spread over.
+PyObject* set_gpcs(PyObject*, PyObject* args) {
+  int count = 0;
+  if (!PyArg_ParseTuple(args, "i", &count)) return nullptr;
+  host::gpu().gpcs = count;
+  Py_RETURN_NONE;
+}
+
+// set_free_multiprocessors(count): those a cooperative or cluster launch can
+// have (MPS, or other work on the GPU); -1: all.
+PyObject* set_free_multiprocessors(PyObject*, PyObject* args) {
+  int count = 0;
+  if (!PyArg_ParseTuple(args, "i", &count)) return nullptr;
+  host::gpu().free_multiprocessors = count;
   Py_RETURN_NONE;
 }
 
@@ -302,6 +324,42 @@ PyMethodDef methods[] = {
     {"reset", reset, METH_NOARGS, "The emulated GPU as it starts."},
     {"set_multiprocessors", set_multiprocessors, METH_VARARGS, "The multiprocessor count."},
     {"set_capability", set_capability, METH_VARARGS, "The compute capability."},
+    {"set_shared_memory", set_shared_memory, METH_VARARGS, "Shared memory limits, in bytes."},
+    {"set_multiprocessor_limits", set_multiprocessor_limits, METH_VARARGS,
+     "Threads and blocks a multiprocessor holds."},
+    {"set_cooperative_launch", set_cooperative_launch, METH_VARARGS,
+     "Whether cooperative launches are supported."},
+    {"set_cluster_sizes", set_cluster_sizes, METH_VARARGS, "The largest clusters, in blocks."},
+    {"set_gpcs", set_gpcs, METH_VARARGS, "The GPCs the multiprocessors are spread over."},
+    {"set_free_multiprocessors", set_free_multiprocessors, METH_VARARGS,
+     "Multiprocessors a cooperative or cluster launch can have (-1: all)."},
+    {"set_schedule", host::emulation::set_schedule, METH_VARARGS,
+     "The order fibers run in between barriers."},
+    {"drop_barrier", host::emulation::drop_barrier, METH_VARARGS,
+     "Barriers of a kind return at once ('': none)."},
+    {"set_fiber_switch", host::emulation::set_fiber_switch, METH_VARARGS,
+     "'assembly' or 'ucontext': how fibers switch."},
+    {"neighbours", host::emulation::neighbours, METH_VARARGS,
+     "Shared memory read across a block barrier."},
+    {"cluster_neighbours", host::emulation::cluster_neighbours, METH_VARARGS,
+     "Distributed shared memory read across a cluster barrier."},
+    {"grid_exchange", host::emulation::grid_exchange, METH_VARARGS,
+     "Exchanges through global memory across grid barriers."},
+    {"schedule_seen", host::emulation::schedule_seen, METH_VARARGS,
+     "The order threads ran in around a barrier."},
+    {"barrier_rounds", host::emulation::barrier_rounds, METH_VARARGS,
+     "Rounds of barriers, to time fiber switches."},
+    {"stall", host::emulation::stall, METH_VARARGS, "A barrier that can never complete."},
+    {"misuse", host::emulation::misuse, METH_VARARGS, "What kernels may not do."},
+    {"alive", host::emulation::alive, METH_NOARGS, "Objects of the probe kernels alive."},
+    {"launch_check", host::emulation::launch_check, METH_VARARGS,
+     "cudaFuncSetAttribute and cudaLaunchKernelEx of a probe kernel."},
+    {"occupancy", host::emulation::occupancy, METH_VARARGS,
+     "cudaOccupancyMaxActiveBlocksPerMultiprocessor of a probe kernel."},
+    {"max_active_clusters", host::emulation::max_active_clusters, METH_VARARGS,
+     "cudaOccupancyMaxActiveClusters of a probe kernel."},
+    {"device_attribute", host::emulation::device_attribute, METH_VARARGS,
+     "cudaDeviceGetAttribute of the emulated device."},
     {"inject", inject, METH_VARARGS, "An error a runtime call returns from now on."},
     {"contexts", contexts, METH_NOARGS, "Primary contexts created, per device."},
     {"current_device", current_device, METH_NOARGS, "The calling thread's current device."},
@@ -312,15 +370,31 @@ PyMethodDef methods[] = {
 };
 
 bool add_constants(PyObject* module) {
-  const std::pair<const char*, cudaError_t> errors[] = {
+  const std::pair<const char*, int> constants[] = {
+      {"cudaSuccess", cudaSuccess},
       {"cudaErrorMemoryAllocation", cudaErrorMemoryAllocation},
       {"cudaErrorDevicesUnavailable", cudaErrorDevicesUnavailable},
       {"cudaErrorInvalidValue", cudaErrorInvalidValue},
+      {"cudaErrorInvalidConfiguration", cudaErrorInvalidConfiguration},
       {"cudaErrorNoKernelImageForDevice", cudaErrorNoKernelImageForDevice},
       {"cudaErrorUnsupportedPtxVersion", cudaErrorUnsupportedPtxVersion},
+      {"cudaErrorCooperativeLaunchTooLarge", cudaErrorCooperativeLaunchTooLarge},
+      {"cudaErrorNotSupported", cudaErrorNotSupported},
+      {"cudaErrorInvalidClusterSize", cudaErrorInvalidClusterSize},
+      {"cudaDevAttrMultiProcessorCount", cudaDevAttrMultiProcessorCount},
+      {"cudaDevAttrComputeCapabilityMajor", cudaDevAttrComputeCapabilityMajor},
+      {"cudaDevAttrComputeCapabilityMinor", cudaDevAttrComputeCapabilityMinor},
+      {"cudaDevAttrCooperativeLaunch", cudaDevAttrCooperativeLaunch},
+      {"cudaDevAttrClusterLaunch", cudaDevAttrClusterLaunch},
+      {"cudaDevAttrMaxSharedMemoryPerBlock", cudaDevAttrMaxSharedMemoryPerBlock},
+      {"cudaDevAttrMaxSharedMemoryPerBlockOptin", cudaDevAttrMaxSharedMemoryPerBlockOptin},
+      {"cudaDevAttrMaxSharedMemoryPerMultiprocessor", cudaDevAttrMaxSharedMemoryPerMultiprocessor},
+      {"cudaDevAttrMaxThreadsPerMultiProcessor", cudaDevAttrMaxThreadsPerMultiProcessor},
+      {"cudaDevAttrMaxBlocksPerMultiprocessor", cudaDevAttrMaxBlocksPerMultiprocessor},
+      {"cudaDevAttrReservedSharedMemoryPerBlock", cudaDevAttrReservedSharedMemoryPerBlock},
   };
-  for (const auto& [name, code] : errors) {
-    if (PyModule_AddIntConstant(module, name, code) < 0) return false;
+  for (const auto& [name, value] : constants) {
+    if (PyModule_AddIntConstant(module, name, value) < 0) return false;
   }
   return true;
 }

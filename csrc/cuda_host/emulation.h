@@ -1,0 +1,47 @@
+// The functions of the host build's `emulation` module (test-only) that
+// emulation.cpp's table takes from other files: the probes of kernels with
+// barriers and shared memory, and of cudaLaunchKernelEx's checks
+// (emulation_fibers.cpp).
+#pragma once
+
+#include <Python.h>
+
+#include <exception>
+#include <utility>
+
+#include "lltm_cuda_host.h"
+
+namespace lltm::cuda_host::emulation {
+
+// Runs fn(); a C++ exception becomes a Python RuntimeError. Returns false then.
+template <typename Fn>
+bool python_errors(Fn&& fn) {
+  try {
+    std::forward<Fn>(fn)();
+    return true;
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return false;
+  }
+}
+
+// A Python (x, y, z) as a dim3; false, with a Python error, otherwise.
+bool parse_dim3(PyObject* tuple, dim3& out);
+
+PyObject* neighbours(PyObject*, PyObject* args);
+PyObject* cluster_neighbours(PyObject*, PyObject* args);
+PyObject* grid_exchange(PyObject*, PyObject* args);
+PyObject* schedule_seen(PyObject*, PyObject* args);
+PyObject* barrier_rounds(PyObject*, PyObject* args);
+PyObject* stall(PyObject*, PyObject* args);
+PyObject* misuse(PyObject*, PyObject* args);
+PyObject* alive(PyObject*, PyObject*);
+PyObject* launch_check(PyObject*, PyObject* args);
+PyObject* occupancy(PyObject*, PyObject* args);
+PyObject* max_active_clusters(PyObject*, PyObject* args);
+PyObject* device_attribute(PyObject*, PyObject* args);
+PyObject* set_schedule(PyObject*, PyObject* args);
+PyObject* drop_barrier(PyObject*, PyObject* args);
+PyObject* set_fiber_switch(PyObject*, PyObject* args);
+
+}  // namespace lltm::cuda_host::emulation
