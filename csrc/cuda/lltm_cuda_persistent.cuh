@@ -43,6 +43,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_math.cuh"
@@ -122,6 +124,35 @@ __device__ __forceinline__ void advance(Cursor& c, const Steps& s, bool ascendin
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Global memory that other blocks of the launch wrote during it (cooperative
+// mode: the step's h in `output`, the shares of the gradient of h), read at
+// L2 (ld.global.cg): a multiprocessor's L1 is not coherent with the others'
+// writes, and the shares' addresses come back every other step. Each value
+// is read once, so bypassing L1 costs nothing.
+template <typename T>
+__device__ __forceinline__ T load_from_blocks(const T* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
+template <int kVec, typename T>
+__device__ __forceinline__ Pack<T, kVec> load_pack_from_blocks(const T* p) {
+#if defined(__CUDA_ARCH__)
+  static_assert(sizeof(T) * kVec == 16, "16-byte vectors");
+  using Vector = std::conditional_t<std::is_same_v<T, double>, double2, float4>;
+  const Vector v = __ldcg(reinterpret_cast<const Vector*>(p));
+  Pack<T, kVec> pack;
+  static_assert(sizeof(pack) == sizeof(v));
+  memcpy(&pack, &v, sizeof v);
+  return pack;
+#else
+  return load_pack<kVec>(p);
+#endif
+}
 
 // Rows of a group a step updates: the group's rows below the step's size.
 __device__ __forceinline__ int active_rows(const Cursor& c, int64_t first_row, int rows) {
@@ -422,12 +453,12 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
             const int row = i / per_row;
             const int c = i - row * per_row;
             store_pack<kVec>(h_buffers + row * pitch + c * kVec,
-                             load_pack<kVec>(from + int64_t(row) * S + c * kVec));
+                             load_pack_from_blocks<kVec>(from + int64_t(row) * S + c * kVec));
           }
         } else {
           for (int i = threadIdx.x; i < active * S; i += blockDim.x) {
             const int row = i / S;
-            h_buffers[row * pitch + (i - row * S)] = from[i];
+            h_buffers[row * pitch + (i - row * S)] = load_from_blocks(from + i);
           }
         }
         __syncthreads();
@@ -639,8 +670,10 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
         for (unsigned b = 0; b < blocks; ++b) {
           sum += Exchange::kCluster
                      ? received[((parity * int(blocks) + int(b)) * R + row) * U + u]
-                     : a.shares[((int64_t(parity) * blocks + b) * a.batch + g.first_row + row) * S +
-                                g.first_unit + u];
+                     : load_from_blocks(
+                           a.shares +
+                           ((int64_t(parity) * blocks + b) * a.batch + g.first_row + row) * S +
+                           g.first_unit + u);
         }
         carry_h[row * U + u] = sum;
       }
