@@ -117,21 +117,24 @@ def forward_args(
 
 
 def grad_output_like(output: torch.Tensor, how: str) -> torch.Tensor | None:
-    """The output gradient: random, None, a broadcast one (all strides 0, as
-    ``output.sum()`` gives it) or a strided one (every other column of a
-    wider tensor, and for padded sequences batch-major)."""
+    """The output gradient on output's device: random, None, a broadcast one
+    (all strides 0, as ``output.sum()`` gives it) or a strided one (every
+    other column of a wider tensor, and for padded sequences batch-major)."""
     generator = torch.Generator().manual_seed(11)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, dtype=output.dtype).to(output.device)
+
     if how == "none":
         return None
     if how == "broadcast":
-        return torch.ones((), dtype=output.dtype).expand(output.shape)
+        return torch.ones((), dtype=output.dtype, device=output.device).expand(output.shape)
     if how == "dense":
-        return torch.randn(output.shape, generator=generator, dtype=output.dtype)
+        return draw(*output.shape)
     *outer, state = output.shape
     if len(outer) == 2:  # (steps, batch, state), laid out (batch, steps, 2 state)
-        wide = torch.randn(outer[1], outer[0], 2 * state, generator=generator, dtype=output.dtype)
-        return wide[..., ::2].transpose(0, 1)
-    return torch.randn(*outer, 2 * state, generator=generator, dtype=output.dtype)[..., ::2]
+        return draw(outer[1], outer[0], 2 * state)[..., ::2].transpose(0, 1)
+    return draw(*outer, 2 * state)[..., ::2]
 
 
 def oracle(args: list, grad_output, grad_h_n, grad_c_n):
@@ -164,8 +167,8 @@ def run_ops(args: list, grad_how: str, final_grads: str, mask: list[bool]):
     output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*args)
     grad_output = grad_output_like(output, grad_how)
     generator = torch.Generator().manual_seed(12)
-    grad_h_n = torch.randn(h_n.shape, generator=generator, dtype=h_n.dtype)
-    grad_c_n = torch.randn(c_n.shape, generator=generator, dtype=c_n.dtype)
+    grad_h_n = torch.randn(h_n.shape, generator=generator, dtype=h_n.dtype).to(h_n.device)
+    grad_c_n = torch.randn(c_n.shape, generator=generator, dtype=c_n.dtype).to(c_n.device)
     if final_grads in ("none", "c only"):
         grad_h_n = None
     if final_grads == "none":
@@ -182,26 +185,42 @@ def run_ops(args: list, grad_how: str, final_grads: str, mask: list[bool]):
     )
 
 
-def assert_matches_oracle(args: list, grad_how: str, final_grads: str, mask, tol):
-    outputs, grads, gate_grads, upstream = run_ops(args, grad_how, final_grads, mask)
-    expected_outputs, expected_grads = oracle(args, *upstream)
+def on(device: str | torch.device, args: list) -> list:
+    """The arguments with their floating-point tensors on `device` (batch_sizes
+    stays on the CPU, as a PackedSequence keeps it)."""
+    return [
+        t.to(device) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args
+    ]
+
+
+def assert_matches_oracle(
+    args: list, grad_how: str, final_grads: str, mask, tol, device: str | torch.device = "cpu"
+) -> None:
+    """lltm's ops on `device` against the float64 oracle on the CPU."""
+    outputs, grads, gate_grads, upstream = run_ops(on(device, args), grad_how, final_grads, mask)
+
+    def exact(t: torch.Tensor) -> torch.Tensor:
+        assert t.device.type == torch.device(device).type
+        return t.cpu().double()
+
+    expected_outputs, expected_grads = oracle(
+        args, *(None if t is None else t.cpu() for t in upstream)
+    )
     names = ["output", "h_n", "c_n", "cells"]
     for name, got, want in zip(names, outputs, expected_outputs, strict=True):
-        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(exact(got), want, **tol, msg=lambda m, n=name: f"{n}: {m}")
     grad_names = ["input", "weights", "bias", "old_h", "old_cell"]
     for name, wanted, got, want in zip(grad_names, mask, grads, expected_grads, strict=True):
         if not wanted:
             assert got is None, name
             continue
-        torch.testing.assert_close(
-            got.double(), want, **tol, msg=lambda m, n=name: f"grad_{n}: {m}"
-        )
+        torch.testing.assert_close(exact(got), want, **tol, msg=lambda m, n=name: f"grad_{n}: {m}")
     d_gates, grad_h, grad_c = gate_grads
-    torch.testing.assert_close(grad_h.double(), expected_grads[3], **tol)
-    torch.testing.assert_close(grad_c.double(), expected_grads[4], **tol)
+    torch.testing.assert_close(exact(grad_h), expected_grads[3], **tol)
+    torch.testing.assert_close(exact(grad_c), expected_grads[4], **tol)
     # grad_bias is d_gates summed over every row.
-    rows = d_gates.reshape(-1, d_gates.shape[-1])
-    torch.testing.assert_close(rows.double().sum(0), expected_grads[2], **tol)
+    rows = exact(d_gates).reshape(-1, d_gates.shape[-1])
+    torch.testing.assert_close(rows.sum(0), expected_grads[2], **tol)
 
 
 F64 = dict(rtol=1e-9, atol=1e-10)
