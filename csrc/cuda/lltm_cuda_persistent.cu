@@ -198,8 +198,7 @@ class KernelOccupancy final : public Occupancy {
 // not free: a plan may ask it a few dozen times).
 // Whether the plan of such a call depends on the device at all.
 bool plan_reads_device(int element_size, int64_t batch, int64_t state) {
-  return persistent_enabled() && (element_size == 4 || element_size == 8) && batch > 0 &&
-         state > 0;
+  return persistent_enabled() && (element_size == 4 || element_size == 8) && batch > 0 && state > 0;
 }
 
 SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
