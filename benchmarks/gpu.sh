@@ -83,9 +83,12 @@ fi
 export PYTHONPATH="$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 run 60 "$PYTHON" -m lltm info
 
+# The files that hold the cuda tests, named: the others may import what the
+# machine lacks (hypothesis), and a collection error would stop the run.
 say "tests: pytest -m 'cuda and not slow'"
 run 240 "$PYTHON" -m pytest -m "cuda and not slow" -q -p no:cacheprovider \
-  --junitxml="$DATA/gpu_tests_$STAMP.xml" tests
+  --junitxml="$DATA/gpu_tests_$STAMP.xml" \
+  tests/test_cuda.py tests/test_cuda_devices.py tests/test_cuda_robustness.py
 
 say "bench: sequences at T = 50, float32"
 SIZES=16x32x128,8x32x256,64x256x512
