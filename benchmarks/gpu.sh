@@ -27,7 +27,7 @@ case "${1:-}" in
   *) echo "usage: bash benchmarks/gpu.sh [--dry-run]" >&2; exit 2 ;;
 esac
 PYTHON=${PYTHON:-python3}
-JOBS=${MAX_JOBS:-$(nproc)}
+JOBS=${MAX_JOBS:-$(nproc 2>/dev/null || echo 4)}
 DATA=${OUT:-$ROOT/benchmarks/data}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$CUDA_HOME/bin:$PATH"
@@ -97,12 +97,9 @@ BENCH=(--device cuda --seq-len 50 --impl "$IMPLS" -r 5 -q)
 SEQ=("${BENCH[@]}" --sizes "$SIZES" --json "$DATA/gpu_seq_$STAMP.json")
 GRAD=("${BENCH[@]}" --sizes 16x32x128 --inputs-grad --json "$DATA/gpu_seq_grad_$STAMP.json")
 if [[ $DRY_RUN == 1 ]]; then
-  # The flags, as the bench takes them (needs the CPU library built in place).
-  for flags in SEQ GRAD; do
-    declare -n args=$flags
-    PYTHONPATH="$ROOT/src" "$PYTHON" -c 'import sys; from lltm.bench import cli; cli.parse(sys.argv[1:])' \
-      "${args[@]}" || STATUS=1
-  done
+  # The flags, as the bench takes them (with the lltm this Python imports).
+  "$PYTHON" -c 'import shlex, sys; from lltm.bench import cli; [cli.parse(shlex.split(a)) for a in sys.argv[1:]]' \
+    "${SEQ[*]@Q}" "${GRAD[*]@Q}" || STATUS=1
 fi
 run 150 "$PYTHON" -m lltm bench "${SEQ[@]}"
 run 90 "$PYTHON" -m lltm bench "${GRAD[@]}"

@@ -848,3 +848,25 @@ def test_compiled_reference_runs(config, capsys):
     report = _run_json(capsys, "--impl", "compiled,lltm", *config)
     rows = {r["impl"]: r for r in report["results"]}
     assert rows["compiled"]["error"] is None and rows["compiled"]["step"]["min_s"] > 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the GPU machines run Linux")
+def test_the_prepared_gpu_run_in_a_dry_run(tmp_path):
+    # benchmarks/gpu.sh --dry-run: what it would build, test and time, the
+    # bench's flags checked by the bench itself; nothing is written.
+    result = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run"],
+        env={**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out")},
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "LLTM_VARIANT=cuda TORCH_CUDA_ARCH_LIST=9.0" in out
+    assert "-m cuda\\ and\\ not\\ slow" in out
+    for flags in (
+        "--sizes 16x32x128\\,8x32x256\\,64x256x512",
+        "--impl lltm-sequence\\,lltm-sequence-per-step\\,lstm\\,lstm-notf32\\,gemm",
+        "--inputs-grad",
+    ):
+        assert flags in out, flags
+    assert list((tmp_path / "out").iterdir()) == []
