@@ -359,6 +359,7 @@ def cuda_variant() -> dict:
             "csrc/cuda/lltm_cuda.cu",
             "csrc/cuda/lltm_cuda_sequence_forward.cu",
             "csrc/cuda/lltm_cuda_sequence_backward.cu",
+            "csrc/cuda/lltm_cuda_persistent.cu",
             "csrc/cuda/module.cpp",
         ],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).

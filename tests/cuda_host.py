@@ -63,6 +63,7 @@ SOURCES = [
     "csrc/cuda_host/lltm_cuda.cpp",
     "csrc/cuda_host/lltm_cuda_sequence_forward.cpp",
     "csrc/cuda_host/lltm_cuda_sequence_backward.cpp",
+    "csrc/cuda_host/lltm_cuda_persistent.cpp",
     "csrc/cuda_host/plugin_module.cpp",
     "csrc/cuda_host/lltm_cuda_host_fibers.cpp",
     "csrc/cuda_host/lltm_cuda_host_launch.cpp",

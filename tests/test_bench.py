@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from lltm import bench, reference
-from lltm.bench import cases, cli, flops, kinds
+from lltm.bench import cases, cli, flops, kinds, timing
 
 # Tiny and quick: two blocks of about a millisecond per implementation and
 # phase, on one thread (a second thread only adds waits on a busy machine).
@@ -31,7 +33,10 @@ FAST = [
     *("--device", "cpu", "--threads", "1"),
 ]
 EAGER = ["--impl", "lltm,lstmcell,gemm"]
-SEQUENCE_IMPLS = ["reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"]
+SEQUENCE_IMPLS = [
+    *("reference-loop", "lltm-loop", "lltm-sequence", "lltm-sequence-per-step"),
+    *("lstm", "lstm-notf32", "gemm"),
+]
 PER_SAMPLE_IMPLS = ["lltm-loop", "lltm-vmap", "lltm-batched", "lstm-vmap", "lstm-loop"]
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -338,9 +343,11 @@ def test_sequence_default_implementations_and_table(capsys):
     table = capsys.readouterr().out
     assert "sequence, gradients of the parameters, input, h_0 and c_0" in table
     assert "vs nn.LSTM" in table
-    for impl in SEQUENCE_IMPLS[:-1]:
+    for impl in kinds.SEQUENCE.defaults:
         assert impl in table
-    assert "gemm" not in table  # the floor is opt-in, as for the cell
+    # The floor and the variants are opt-in, as for the cell.
+    for impl in ("gemm", "lltm-sequence-per-step", "lstm-notf32"):
+        assert impl not in table
 
 
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
@@ -365,6 +372,60 @@ def test_sequence_implementations_compute_the_same_thing(inputs_grad):
     assert len(lstm.step()) == (7 if inputs_grad else 4)
 
 
+@pytest.mark.parametrize(
+    ("impl", "same_as", "setting", "during"),
+    [
+        ("lltm-sequence-per-step", "lltm-sequence", lambda: os.environ.get("LLTM_CUDA_PERSISTENT"),
+         "0"),
+        ("lstm-notf32", "lstm", lambda: torch.backends.cudnn.allow_tf32, False),
+    ],
+)  # fmt: skip
+def test_scoped_implementations_are_another_in_a_setting(impl, same_as, setting, during):
+    # Each phase runs in the setting, which is back as it was after; the
+    # results are those of the implementation it varies.
+    size = kinds.Size(3, 5, 4, seq_len=4)
+    case = cases.make_case(impl, size, CPU, torch.float64)
+    other = cases.make_case(same_as, size, CPU, torch.float64)
+    before = setting()
+    seen = []
+    call = case.call
+    case.call = lambda: (seen.append(setting()), call())[1]
+    for phase in kinds.SEQUENCE.phases:
+        got, want = case.phase(phase)(), other.phase(phase)()
+        for ours, theirs in zip(got, want, strict=True):
+            torch.testing.assert_close(ours, theirs)
+        assert setting() == before
+    assert seen and all(value == during for value in seen)
+    assert case.saved_for_backward() == other.saved_for_backward()
+
+
+def test_the_table_names_the_sequence_ops_path():
+    # On a GPU, lltm-sequence's rows say which path ran (clusters, a
+    # cooperative grid or per-step); the JSON keeps the plugin's description.
+    size = kinds.Size(16, 32, 128, seq_len=50)
+    persistent = "persistent, clusters: 8 groups x 16 blocks (...)"
+    paths = {
+        "lltm-sequence": {"forward": persistent, "backward": persistent},
+        "lltm-sequence-per-step": {"forward": "per-step (x)", "backward": "per-step (x)"},
+        "lltm-loop": None,
+    }
+    mixed = {"forward": "per-step (16-bit)", "backward": "persistent, cooperative grid: 1 x 2"}
+    assert bench.report.short_path(mixed) == "fwd per-step, bwd cooperative"
+    results = [
+        timing.Result(size, impl, {p: [1e-3] for p in kinds.PHASES}, path=path)
+        for impl, path in paths.items()
+    ]
+    env = {**cli.environment(CPU, torch.float32, 1), "blocks": 1, "command": "x", "case": "sequence",
+           "inputs_grad": False, "seq_len": [50]}  # fmt: skip
+    report = bench.report.to_json(results, env)
+    assert [row.get("path") for row in report["results"]] == list(paths.values())
+    header, rows = bench.report.table_rows(*bench.from_json(report))
+    labels = [row[header.index("impl")] for row in rows]
+    assert labels == ["lltm-sequence (clusters)", "lltm-sequence-per-step (per-step)", "lltm-loop"]
+    # On the CPU there is nothing to name.
+    assert cli.sequence_path("lltm-sequence", size, CPU, torch.float32) is None
+
+
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
 def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys):
     # Every LLTM implementation's step rate in GFLOP/s of the products it
@@ -379,7 +440,7 @@ def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys
     assert large["gflops"] > 0
     size = kinds.Size(2, 3, 4, seq_len=3)
     for (_, impl), row in _rows(report).items():
-        if impl == "lstm":  # four gates: other products
+        if impl.startswith("lstm"):  # four gates: other products
             assert row["flops"] is None
             assert row["step"]["gflops"] is None and row["step"]["of_large_gemm"] is None
             continue
@@ -392,8 +453,8 @@ def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys
     header, rows = bench.report.table_rows(*bench.from_json(report))
     column = header.index("step GFLOP/s (of the large GEMM's)")
     by_impl = {row[header.index("impl")]: row[column] for row in rows}
-    assert by_impl["lstm"] == "-"
-    assert all("(" in by_impl[impl] for impl in SEQUENCE_IMPLS if impl != "lstm")
+    assert by_impl["lstm"] == by_impl["lstm-notf32"] == "-"
+    assert all("(" in by_impl[impl] for impl in SEQUENCE_IMPLS if not impl.startswith("lstm"))
     title = bench.report.title(bench.from_json(report)[1])
     assert f"a large GEMM (torch.mm, {large['n']}^3) ran at" in title
 
@@ -849,3 +910,32 @@ def test_compiled_reference_runs(config, capsys):
     report = _run_json(capsys, "--impl", "compiled,lltm", *config)
     rows = {r["impl"]: r for r in report["results"]}
     assert rows["compiled"]["error"] is None and rows["compiled"]["step"]["min_s"] > 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the GPU machines run Linux")
+def test_the_prepared_gpu_run_in_a_dry_run(tmp_path):
+    # benchmarks/gpu.sh --dry-run prints what it would build, test and time,
+    # and writes nothing. Its bench commands are checked here by the bench's
+    # own parser (the script's check of them, `$PYTHON -c ...`, would import
+    # lltm in another interpreter: `true` stands in for it).
+    result = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run"],
+        env={**os.environ, "PYTHON": "true", "OUT": str(tmp_path / "out")},
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    commands = [shlex.split(line[2:]) for line in result.stdout.splitlines() if line[:2] == "+ "]
+    assert commands[1][:3] == ["env", "LLTM_VARIANT=cuda", "TORCH_CUDA_ARCH_LIST=9.0"]
+    tests = next(c for c in commands if c[1:3] == ["-m", "pytest"])
+    assert tests[tests.index("-m", 2) + 1] == "cuda and not slow"
+    benches = [c[c.index("bench") + 1 :] for c in commands if c[1:4] == ["-m", "lltm", "bench"]]
+    assert len(benches) == 2
+    for args in benches:
+        parsed = cli.parse(args)
+        assert parsed.device == "cuda" and parsed.seq_len == [50]
+        assert parsed.impl == [
+            "lltm-sequence", "lltm-sequence-per-step", "lstm", "lstm-notf32", "gemm"
+        ]  # fmt: skip
+    assert [str(s) for s in cli.parse(benches[0]).sizes] == ["16x32x128", "8x32x256", "64x256x512"]
+    assert cli.parse(benches[1]).inputs_grad
+    assert list((tmp_path / "out").iterdir()) == []

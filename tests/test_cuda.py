@@ -439,3 +439,115 @@ def test_sequence_module_on_the_gpu():
     assert_tight(
         [output_gpu.data.cpu(), h_gpu.cpu(), c_gpu.cpu()], [output.data, h_n, c_n], SEQUENCE_OUTPUTS
     )
+
+
+# --- The persistent sequence kernels (csrc/cuda/lltm_cuda_persistent.cuh) -----------------
+
+# (batch, features, state) of the GPU benchmarks (benchmarks/gpu.sh).
+GPU_SIZES = [(16, 32, 128), (8, 32, 256), (64, 256, 512)]
+
+
+def _sequence_path(batch, state, dtype=torch.float32):
+    return _backends.sequence_path(torch.cuda.current_device(), dtype, batch, state)
+
+
+def test_the_gpu_sizes_take_the_persistent_kernels():
+    # float32, on any GPU with cooperative launches and 100 KiB of shared
+    # memory a block (Volta on); clusters from compute capability 9.0.
+    paths = {size: _sequence_path(size[0], size[2]) for size in GPU_SIZES}
+    for size, path in paths.items():
+        assert path is not None, "the plugin predates the persistent kernels"
+        assert all(path[p].startswith("persistent") for p in ("forward", "backward")), (size, path)
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert paths[16, 32, 128]["forward"].startswith("persistent, clusters"), paths
+
+
+@pytest.mark.parametrize(
+    ("steps", "batch", "state", "packed", "reverse", "grad_how"),
+    [
+        (7, 7, 33, False, False, "dense"),
+        (7, 7, 33, True, True, "strided"),
+        (50, 16, 128, False, True, "broadcast"),
+        (9, 16, 128, True, False, "none"),
+        (6, 8, 256, True, True, "dense"),
+        (4, 64, 512, False, False, "broadcast"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_persistent_kernels_match_the_float64_oracle(
+    steps, batch, state, packed, reverse, grad_how
+):
+    import test_cuda_persistent as persistent
+
+    args = persistent.forward_args(steps, batch, state, packed, reverse, features=8)
+    persistent.assert_matches_oracle(
+        args, grad_how, "both", [True] * 5, persistent.F64, device="cuda"
+    )
+
+
+@pytest.mark.parametrize("size", GPU_SIZES, ids=lambda s: "x".join(map(str, s)))
+def test_persistent_float32_as_accurate_as_a_loop_in_float32(size):
+    # T = 50, as the bench: a loop of the reference cell in float32 on the
+    # GPU sets the bar (its products: cuBLAS, TF32 off by default for matmul).
+    inputs = [t * 0.5 for t in _cuda_sequence_inputs((50, *size), torch.float32)]
+    ours_out, ours_grads = run_sequence(lltm.lltm_sequence, inputs)
+    loop_out, loop_grads = run_sequence(loop_of_cells, inputs)
+    exact_out, exact_grads = run_sequence(loop_of_cells, [t.double() for t in inputs])
+    assert_as_accurate_as_reference(
+        SEQUENCE_OUTPUTS + GRAD_NAMES,
+        ours_out + ours_grads,
+        loop_out + loop_grads,
+        exact_out + exact_grads,
+        torch.float32,
+    )
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_persistent_and_per_step_paths_agree(case, monkeypatch):
+    args = _cuda_op_args(case)
+    path = _sequence_path(args[3].shape[0], args[3].shape[1], torch.float64)
+    assert path["forward"].startswith("persistent"), path
+    outputs = torch.ops.lltm.sequence_forward(*args)
+    grads = torch.ops.lltm.sequence_backward(*_sequence_backward_args(args, outputs))
+    monkeypatch.setenv("LLTM_CUDA_PERSISTENT", "0")
+    assert _sequence_path(args[3].shape[0], args[3].shape[1], torch.float64)["forward"] == (
+        "per-step (LLTM_CUDA_PERSISTENT=0)"
+    )
+    per_step = torch.ops.lltm.sequence_forward(*args)
+    per_step_grads = torch.ops.lltm.sequence_backward(*_sequence_backward_args(args, per_step))
+    names = ("output", "h_n", "c_n", "gates", "cells")
+    assert_tight([t.cpu() for t in outputs], [t.cpu() for t in per_step], names)
+    assert_tight([t.cpu() for t in grads], [t.cpu() for t in per_step_grads], GRAD_NAMES)
+
+
+def test_sequence_cuda_graph_capture_and_replay():
+    # The persistent launches (cooperative or in clusters) captured in a CUDA
+    # graph, forward and backward, replayed with new inputs.
+    def inputs(seed):
+        return [t.cuda() for t in make_sequence_inputs(6, 16, 32, 128, torch.float32, seed=seed)]
+
+    static = inputs(0)
+
+    def step():
+        outputs = torch.ops.lltm.sequence_forward(*static, None, False)
+        grad = torch.ones_like(outputs[0])
+        return outputs, torch.ops.lltm.sequence_backward(
+            grad, None, None, outputs[0], outputs[3], outputs[4], static[0], static[1],
+            static[3], None, False, [True] * 5,
+        )  # fmt: skip
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_outputs, static_grads = step()
+    for seed in (1, 2):
+        for s, f in zip(static, inputs(seed), strict=True):
+            s.copy_(f)
+        graph.replay()
+        eager_outputs, eager_grads = step()
+        assert_all_close(static_outputs, eager_outputs, ("output", "h_n", "c_n", "gates", "cells"))
+        assert_all_close(static_grads, eager_grads, GRAD_NAMES)

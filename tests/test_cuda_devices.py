@@ -88,6 +88,30 @@ def test_info_says_which_kernels_serve_each_device():
     assert rows["cuda:1"].startswith("GPU B: composite kernels (no code for this GPU (sm_61)")
 
 
+def test_info_shows_how_sequences_run_on_each_device():
+    facts = info.collect()
+    path = {
+        "forward": "persistent, clusters: 8 groups x 16 blocks (...)",
+        "backward": "per-step (x)",
+    }
+    facts.update(
+        cuda_devices=["GPU A"],
+        cuda_device_problems=[""],
+        cuda_sequence_paths=[{"16x128": path}],
+    )
+    lines = info.render(facts).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("sequence 16x128 cuda:0"))
+    assert lines[at].endswith("forward persistent, clusters: 8 groups x 16 blocks (...)")
+    assert lines[at + 1].strip() == "backward per-step (x)"
+    assert info.SEQUENCE_SIZES == ((16, 128), (8, 256), (64, 512))
+
+
+def test_the_sequence_path_without_a_plugin_is_unknown(monkeypatch):
+    status = _backends.PluginStatus(loaded=False, module=None, reason="not installed", fix="x")
+    monkeypatch.setattr(_backends, "PLUGIN", status)
+    assert _backends.sequence_path(0, torch.float32, 16, 128) is None
+
+
 # --- On a GPU ---------------------------------------------------------------------------
 
 _SCRIPT = textwrap.dedent(

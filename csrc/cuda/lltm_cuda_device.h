@@ -3,6 +3,7 @@
 // by the host compiler, calls it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace lltm::cuda {
@@ -15,5 +16,13 @@ namespace lltm::cuda {
 // any first use of it would, and no other: the calling thread's current
 // device is left as it is.
 std::string kernel_image_problem(int device);
+
+// How a sequence of `element_size`-byte elements (2: 16-bit) with this batch
+// and state runs on `device` (the host build's emulated GPU: -1), forward and
+// backward, a line each (lltm_cuda_persistent_plan.h): the persistent
+// kernels' mode and split, or the per-step path and why. Queried on a
+// thread of its own, as kernel_image_problem, creating `device`'s context
+// only. Throws std::runtime_error where the device cannot be queried.
+std::string sequence_path(int device, int element_size, int64_t batch, int64_t state);
 
 }  // namespace lltm::cuda

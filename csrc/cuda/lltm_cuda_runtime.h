@@ -30,9 +30,11 @@
 
 #else
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <torch/csrc/stable/accelerator.h>
+#ifdef __CUDACC__
+#include <cooperative_groups.h>
+#endif
 
 #define LLTM_CUDA_DISPATCH_KEY CUDA
 // `kernel` (grid, block, stream)(args...): a launch with no shared memory.
@@ -45,10 +47,8 @@
 
 namespace lltm::cuda {
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
-
-// What kernels use, for the files nvcc compiles (module.cpp, which the host
-// compiler compiles, includes this header too: <cooperative_groups.h> is
-// empty there).
+// Device code, for nvcc only: module.cpp, host code compiled by the host
+// compiler, includes this file too.
 #ifdef __CUDACC__
 // Block, cluster and grid barriers.
 namespace cg = cooperative_groups;

@@ -1,9 +1,11 @@
 // CUDA implementation of lltm::sequence_backward and
 // lltm::sequence_gate_grads, mirroring csrc/cpu/lltm_cpu_sequence_backward.cpp
-// function for function: step by step, last first, one fused kernel for
-// d_gates_t and the gradient of c_prev (in place), then the gradient of
-// h_prev = d_gates_t @ W_h (lltm_cuda_recurrent.cuh; sequence_gate_grads is
-// this alone). After the loop: grad_weights = d_gates^T @ [h_prev, input],
+// function for function: every step's gate gradients and the gradients of
+// old_h and old_cell in one persistent launch where the plan allows
+// (lltm_cuda_persistent.cuh), else step by step, last first, one fused
+// kernel for d_gates_t and the gradient of c_prev (in place), then the
+// gradient of h_prev = d_gates_t @ W_h (lltm_cuda_recurrent.cuh;
+// sequence_gate_grads is this alone). After the loop: grad_weights = d_gates^T @ [h_prev, input],
 // grad_input = d_gates @ W_x (one GEMM each) and grad_bias = a column sum of
 // d_gates (16-bit: each step's d_gates summed in float32 before they are
 // rounded, as on the CPU). See lltm_cuda_sequence.cuh.
@@ -23,6 +25,7 @@
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
+#include "lltm_cuda_persistent.h"
 #include "lltm_cuda_pointwise.cuh"
 #include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
@@ -95,13 +98,21 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
   const int64_t S = n.state;
   const Tensor gates_rows = as_rows(dense(gates), n, 3 * S);
   const Tensor cells_rows = as_rows(dense(cells), n, S);
+  Tensor d_gates = new_sequence_tensor(input, n, 3 * S);
+  ThroughTime result{d_gates, as_rows(d_gates, n, 3 * S), new_matrix(input, n.batch, S),
+                     new_matrix(input, n.batch, S), std::nullopt};
+  // The persistent kernel reads grad_output through its strides (a
+  // broadcast one, from output.sum(), is never expanded).
+  if (persistent_sequence_backward(n, schedule, grad_output, grad_h_n, grad_c_n, gates_rows,
+                                   cells_rows, weights, d_gates,
+                                   want_old_h ? &result.grad_h : nullptr, result.grad_c)) {
+    if (want_bias) result.grad_bias = column_sums(result.d_gate_rows);
+    return result;
+  }
   std::optional<Tensor> grad_output_rows;
   if (grad_output.has_value()) {
     grad_output_rows = as_rows(dense(*grad_output), n, S);
   }
-  const Tensor d_gates = new_sequence_tensor(input, n, 3 * S);
-  ThroughTime result{d_gates, as_rows(d_gates, n, 3 * S), new_matrix(input, n.batch, S),
-                     new_matrix(input, n.batch, S), std::nullopt};
   // The running gradients of the state, which end as those of old_h, old_cell.
   for (auto [from, to] : {std::pair{&grad_h_n, &result.grad_h}, {&grad_c_n, &result.grad_c}}) {
     if (from->has_value()) {

@@ -1,10 +1,11 @@
 // CUDA implementation of lltm::sequence_forward, mirroring
 // csrc/cpu/lltm_cpu_sequence_forward.cpp function for function: gates = b +
-// input @ W_x^T for all steps at once (one GEMM), then step by step: gates_t
-// += h_prev @ W_h^T (lltm_cuda_recurrent.cuh: lltm's own kernel at small
-// sizes, else cuBLAS) and the cell's fused pointwise kernel, writing
-// output_t and cells_t. (16-bit: one GEMM per step over [h_prev, x_t], as in
-// the cell.) See lltm_cuda_sequence.cuh.
+// input @ W_x^T for all steps at once (one GEMM), then every step in one
+// persistent launch where the plan allows (lltm_cuda_persistent.cuh), else
+// step by step: gates_t += h_prev @ W_h^T (lltm_cuda_recurrent.cuh: lltm's
+// own kernel at small sizes, else cuBLAS) and the cell's fused pointwise
+// kernel, writing output_t and cells_t. (16-bit: one GEMM per step over
+// [h_prev, x_t], as in the cell.) See lltm_cuda_sequence.cuh.
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -21,6 +22,7 @@
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
+#include "lltm_cuda_persistent.h"
 #include "lltm_cuda_pointwise.cuh"
 #include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
@@ -66,6 +68,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   } else {
     if (n.rows > 0 && S > 0) {
       linear_out(gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)));
+    }
+    if (persistent_sequence_forward(n, schedule, gates, output, cells, h_n, c_n, weights, h0, c0)) {
+      return {output, h_n, c_n, gates, cells};
     }
     if (own_recurrent_product(input, n.batch, 3 * S, S)) {
       w_h_rows = new_matrix(weights, S, 3 * S);

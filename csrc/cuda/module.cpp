@@ -41,3 +41,12 @@ LLTM_EXPORT const char* lltm_cuda_archs() { return LLTM_STRINGIFY(LLTM_CUDA_ARCH
 LLTM_EXPORT int lltm_cuda_kernel_image_problem(int device, char* out, std::size_t size) {
   return lltm::report([device] { return lltm::cuda::kernel_image_problem(device); }, out, size);
 }
+
+// How a sequence call of `element_size`-byte elements (4: float32, 8:
+// float64, 2: 16-bit) with this batch and state runs on `device`: the
+// forward's path and the backward's, a line each (lltm_cuda_persistent_plan.h).
+LLTM_EXPORT int lltm_cuda_sequence_path(int device, int element_size, long long batch,
+                                        long long state, char* out, std::size_t size) {
+  return lltm::report([=] { return lltm::cuda::sequence_path(device, element_size, batch, state); },
+                      out, size);
+}

@@ -239,6 +239,27 @@ def cuda_status() -> tuple[bool, str]:
     return True, f"{PLUGIN.reason}; {torch.cuda.device_count()} CUDA device(s)"
 
 
+def sequence_path(index: int, dtype: torch.dtype, batch: int, state: int) -> dict[str, str] | None:
+    """How the fused sequence op runs on CUDA device ``index`` for this dtype, batch and state.
+
+    ``{"forward": ..., "backward": ...}``: the persistent kernels' mode and
+    split, or the per-step path and why (the rule of
+    csrc/cuda/lltm_cuda_persistent_plan.h, as the plugin answers it for that
+    device now; ``LLTM_CUDA_PERSISTENT=0`` included). None where the plugin
+    is not loaded or predates that rule. Creates that device's context.
+    """
+    native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
+    query: Callable[[int, int, int, int], str] | None = getattr(native, "sequence_path", None)
+    if query is None:
+        return None
+    element_size = torch.empty((), dtype=dtype).element_size()
+    try:
+        text = query(index, element_size, batch, state)
+    except RuntimeError as error:
+        return {"forward": f"unknown ({error})", "backward": f"unknown ({error})"}
+    return dict(line.split(": ", 1) for line in text.splitlines())
+
+
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
 

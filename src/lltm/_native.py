@@ -134,9 +134,32 @@ class CudaLibrary(Library):
         self.cuda_version = self.text("runtime_version")
         self.cuda_archs = self.text("archs")
         self._kernel_image_problem = self.reporter("kernel_image_problem", ctypes.c_int)
+        # Absent from plugins built before the persistent sequence kernels.
+        self._sequence_path = (
+            self.reporter(
+                "sequence_path", ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong
+            )
+            if hasattr(self._handle, f"{self._prefix}_sequence_path")
+            else None
+        )
 
     def kernel_image_problem(self, device: int) -> str:
         ok, text = self._kernel_image_problem(int(device))
+        if not ok:
+            raise RuntimeError(text)
+        return text
+
+    def sequence_path(self, device: int, element_size: int, batch: int, state: int) -> str:
+        """How a sequence call runs on ``device``: the forward's path and the backward's.
+
+        Two lines (``forward: ...``, ``backward: ...``): the persistent kernels'
+        mode and split, or the per-step path and why (csrc/cuda/
+        lltm_cuda_persistent_plan.h). ``element_size``: 4 for float32, 8 for
+        float64, 2 for 16-bit. RuntimeError where the device cannot be queried.
+        """
+        if self._sequence_path is None:
+            raise RuntimeError(f"{self.path} predates the persistent sequence kernels")
+        ok, text = self._sequence_path(int(device), int(element_size), int(batch), int(state))
         if not ok:
             raise RuntimeError(text)
         return text

@@ -21,6 +21,9 @@ from . import _C, _backends
 from ._version import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+# (batch, state) of the sequences whose GPU path `info` shows: those of the
+# GPU benchmarks (16x32x128, 8x32x256, 64x256x512), in float32.
+SEQUENCE_SIZES = ((16, 128), (8, 256), (64, 512))
 
 
 def _target_version(code: str) -> str:
@@ -113,6 +116,18 @@ def _cpu_isa() -> tuple[str | None, str | None]:
         return None, str(error)
 
 
+def _sequence_paths(index: int) -> dict[str, dict[str, str]]:
+    """How float32 sequences of SEQUENCE_SIZES run on CUDA device ``index``."""
+    if _backends.device_problem(index):
+        return {}
+    paths = {}
+    for batch, state in SEQUENCE_SIZES:
+        path = _backends.sequence_path(index, torch.float32, batch, state)
+        if path is not None:
+            paths[f"{batch}x{state}"] = path
+    return paths
+
+
 def collect() -> dict[str, Any]:
     """Everything ``lltm info`` reports, as a dict (what ``--json`` prints)."""
     cuda_ok, cuda_why = _backends.cuda_status()
@@ -143,6 +158,12 @@ def collect() -> dict[str, Any]:
         "cuda_device_problems": [
             _backends.device_problem(i) for i in range(torch.cuda.device_count())
         ]
+        if cuda_ok
+        else [],
+        # Per device: how float32 sequences of SEQUENCE_SIZES run ("BxS" ->
+        # {"forward": ..., "backward": ...}); empty where the fused kernels
+        # do not run there or the plugin cannot tell.
+        "cuda_sequence_paths": [_sequence_paths(i) for i in range(torch.cuda.device_count())]
         if cuda_ok
         else [],
         **provenance(),
@@ -177,6 +198,10 @@ def render(info: dict[str, Any]) -> str:
             rows.append((f"cuda:{i}", f"{name}: composite kernels ({problem})"))
         else:
             rows.append((f"cuda:{i}", f"{name}: fused kernels"))
+    for i, paths in enumerate(info.get("cuda_sequence_paths") or []):
+        for size, path in paths.items():
+            rows.append((f"sequence {size} cuda:{i}", f"forward {path['forward']}"))
+            rows.append(("", f"backward {path['backward']}"))
     rows += [("PROBLEM", problem) for problem in info["problems"]]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -35,3 +35,13 @@ def kernel_image_problem(device: int) -> str:
     RuntimeError where that cannot be told now. Creates that device's context.
     """
     return _library.kernel_image_problem(device)
+
+
+def sequence_path(device: int, element_size: int, batch: int, state: int) -> str:
+    """How a sequence call runs on CUDA device ``device``: two lines, forward and backward.
+
+    The persistent kernels' mode and split, or the per-step path and why.
+    ``element_size``: 4 for float32, 8 for float64, 2 for 16-bit. RuntimeError
+    where the device cannot be queried.
+    """
+    return _library.sequence_path(device, element_size, batch, state)

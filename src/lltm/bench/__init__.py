@@ -26,8 +26,16 @@ Sequence (--seq-len T[,T...]): T steps, output, (h_n, c_n) = rnn(input,
                   baseline
   lltm-loop       lltm.LLTM in a Python loop over the steps
   lltm-sequence   lltm.LLTMSequence: the whole sequence in one operator call
+                  (on a GPU the table names its path: the persistent kernels
+                  in clusters or a cooperative grid, or per-step)
+  lltm-sequence-per-step
+                  the same with LLTM_CUDA_PERSISTENT=0: on a GPU, the
+                  per-step path (a product and a pointwise kernel a step)
   lstm            torch.nn.LSTM(features, state) (cuDNN, oneDNN or ATen):
                   four gates where the LLTM has three
+  lstm-notf32     the same with torch.backends.cudnn.allow_tf32 = False:
+                  cuDNN's float32 products exact, as lltm's (by default
+                  they run in TF32)
   gemm            only the matrix products a fused implementation cannot
                   avoid: forward the input projection of all steps at once,
                   (T*B, F) x (F, 3S), and T recurrent (B, S) x (S, 3S);

@@ -22,9 +22,12 @@ tensors that require grad, as ``.backward()`` would.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, cast
 
@@ -165,6 +168,82 @@ def _summed(outputs: Sequence[Tensor]) -> Tensor:
     return loss
 
 
+class ScopedCase(AutogradCase):
+    """An AutogradCase whose every phase runs inside ``scope()``.
+
+    A setting the implementation is made of, for the length of each call
+    (cuDNN without TF32, lltm's per-step path).
+    """
+
+    def __init__(
+        self,
+        impl: str,
+        call: Callable[[], Sequence[Tensor]],
+        inputs: Sequence[Tensor],
+        scope: Callable[[], AbstractContextManager[None]],
+        loss: str = "dense",
+    ) -> None:
+        super().__init__(impl, call, inputs, loss)
+        self._scope = scope
+
+    def forward(self) -> Any:
+        """Calls the module, in the scope."""
+        with self._scope():
+            return super().forward()
+
+    def no_grad(self) -> Any:
+        """Calls the module under ``torch.no_grad()``, in the scope."""
+        with self._scope():
+            return super().no_grad()
+
+    def backward(self) -> Any:
+        """Gradients of the leaves, in the scope."""
+        with self._scope():
+            return super().backward()
+
+    def step(self) -> Any:
+        """Forward and backward, in the scope."""
+        with self._scope():
+            return super().step()
+
+    def saved_for_backward(self) -> tuple[int, int]:
+        """Bytes one forward saves for backward, in the scope."""
+        with self._scope():
+            return super().saved_for_backward()
+
+
+@contextlib.contextmanager
+def _without_tf32() -> Iterator[None]:
+    """Run cuDNN with exact float32 products (TF32 off), as lltm computes."""
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
+@contextlib.contextmanager
+def _per_step() -> Iterator[None]:
+    """Run lltm's sequence op without its persistent GPU kernels (read at every call)."""
+    before = os.environ.get("LLTM_CUDA_PERSISTENT")
+    os.environ["LLTM_CUDA_PERSISTENT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LLTM_CUDA_PERSISTENT"]
+        else:
+            os.environ["LLTM_CUDA_PERSISTENT"] = before
+
+
+# Implementations that are another one in a scope.
+SCOPES: dict[str, Callable[[], AbstractContextManager[None]]] = {
+    "lstm-notf32": _without_tf32,
+    "lltm-sequence-per-step": _per_step,
+}
+
+
 class GemmCase(Case):
     """Not an implementation: the matrix products a forward and backward cannot avoid.
 
@@ -273,9 +352,10 @@ def make_case(
     # (num_layers * directions, batch, state), as nn.LSTM and LLTMSequence take it.
     x, h_0, c_0 = tensor(size.seq_len, b, f), tensor(1, b, s), tensor(1, b, s)
     module, call = _sequence_module(impl, ref)
-    return AutogradCase(
-        impl, lambda: call(x, h_0, c_0), [x, h_0, c_0, *module.parameters()], size.loss
-    )
+    inputs = [x, h_0, c_0, *module.parameters()]
+    if impl in SCOPES:
+        return ScopedCase(impl, lambda: call(x, h_0, c_0), inputs, SCOPES[impl], size.loss)
+    return AutogradCase(impl, lambda: call(x, h_0, c_0), inputs, size.loss)
 
 
 def _cell_module(impl: str, ref: reference.LLTM) -> torch.nn.Module:
@@ -303,10 +383,10 @@ def _sequence_module(impl: str, ref: reference.LLTM) -> tuple[torch.nn.Module, S
     if impl in ("reference-loop", "lltm-loop"):
         cell = ref if impl == "reference-loop" else _like(LLTM(f, s), ref)
         return cell, lambda x, h_0, c_0: _loop(cell, x, h_0[0], c_0[0])
-    if impl == "lltm-sequence":
+    if impl in ("lltm-sequence", "lltm-sequence-per-step"):
         module: torch.nn.Module = _like(LLTMSequence(f, s), ref)
     else:
-        assert impl == "lstm"
+        assert impl in ("lstm", "lstm-notf32")
         module = torch.nn.LSTM(f, s).to(ref.weights)
 
     def call(x: Tensor, h_0: Tensor, c_0: Tensor) -> tuple[Tensor, Tensor, Tensor]:

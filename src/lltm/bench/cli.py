@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     case.impl,
                     times=times[case.impl],
                     flops=flops.flops_of(kind, case.impl, size, args.inputs_grad),
+                    path=sequence_path(case.impl, size, device, dtype),
                 )
                 with contextlib.suppress(Exception):
                     saved = case.saved_for_backward() if kind.saved_memory else None
@@ -164,6 +165,25 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
             "blocks": len(gemm_times),
         }
     return results, env
+
+
+def sequence_path(
+    impl: str, size: Size, device: torch.device, dtype: torch.dtype
+) -> dict[str, str] | None:
+    """How lltm's sequence op ran for ``impl`` on a GPU, or None (not such a case).
+
+    The persistent kernels or the per-step path, as the CUDA plugin's rule
+    answers for that device (lltm._backends.sequence_path).
+    """
+    from .. import _backends
+
+    if device.type != "cuda" or not impl.startswith("lltm-sequence"):
+        return None
+    if impl == "lltm-sequence-per-step":
+        forced = "per-step (LLTM_CUDA_PERSISTENT=0)"
+        return {"forward": forced, "backward": forced}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _backends.sequence_path(index, dtype, size.batch, size.state)
 
 
 # --- Command line ----------------------------------------------------------------

@@ -34,7 +34,7 @@ def flops_of(kind: Kind, impl: str, size: Size, inputs_grad: bool) -> dict[str, 
 
     None for nn.LSTM, whose products are those of four gates: not comparable.
     """
-    if not kind.counts_flops or impl == kind.rival:
+    if not kind.counts_flops or impl == kind.rival or impl.startswith("lstm"):
         return None
     return product_flops(size, inputs_grad)
 

@@ -82,7 +82,18 @@ CELL = Kind(
 )
 SEQUENCE = Kind(
     "sequence",
-    implementations=("reference-loop", "lltm-loop", "lltm-sequence", "lstm", "gemm"),
+    # lltm-sequence-per-step: the op with LLTM_CUDA_PERSISTENT=0 (on a GPU, its
+    # per-step path); lstm-notf32: nn.LSTM with cuDNN's TF32 off, exact float32
+    # products as lltm's.
+    implementations=(
+        "reference-loop",
+        "lltm-loop",
+        "lltm-sequence",
+        "lltm-sequence-per-step",
+        "lstm",
+        "lstm-notf32",
+        "gemm",
+    ),
     defaults=("reference-loop", "lltm-loop", "lltm-sequence", "lstm"),
     baseline="reference-loop",
     rival="lstm",

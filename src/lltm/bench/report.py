@@ -97,6 +97,8 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
                 row[phase]["of_large_gemm"] = of_large_gemm(r, phase, env)
         if kind.counts_flops:
             row["flops"] = r.flops
+        if r.path is not None:
+            row["path"] = r.path
         row["saved_for_backward_bytes"] = r.saved_bytes
         row["saved_beyond_inputs_bytes"] = r.saved_beyond_inputs_bytes
         rows.append(row)
@@ -134,6 +136,7 @@ def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
                 saved_beyond_inputs_bytes=row["saved_beyond_inputs_bytes"],
                 error=row["error"],
                 flops=row.get("flops"),
+                path=row.get("path"),
             )
         )
     return results, env
@@ -247,11 +250,12 @@ def table_rows(
     ]
     rows = []
     for r in results:
+        impl = r.impl if r.path is None else f"{r.impl} ({short_path(r.path)})"
         labels = [
             str(r.size),
             *([str(r.size.seq_len)] if kind.sequences else []),
             *([r.size.loss] if losses else []),
-            r.impl,
+            impl,
         ]
         if r.error:
             rows.append([*labels, f"failed: {r.error}", *[""] * (len(header) - len(labels) - 1)])
@@ -272,6 +276,18 @@ def table_rows(
             ]
         )
     return header, rows
+
+
+def short_path(path: dict[str, str]) -> str:
+    """A Result's path in a word per pass: clusters, cooperative or per-step."""
+
+    def word(text: str) -> str:
+        if text.startswith("persistent"):
+            return "clusters" if "clusters" in text else "cooperative"
+        return "per-step"
+
+    forward, backward = word(path.get("forward", "")), word(path.get("backward", ""))
+    return forward if forward == backward else f"fwd {forward}, bwd {backward}"
 
 
 def label_columns(header: Sequence[str]) -> int:

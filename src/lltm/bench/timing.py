@@ -36,6 +36,10 @@ class Result:
     error: str | None = None
     flops: dict[str, int] | None = None
     """Operations of the products per phase (flops.product_flops), if counted."""
+    path: dict[str, str] | None = None
+    """How it ran, where it can run more than one way: lltm's sequence op on a
+    GPU, ``{"forward": ..., "backward": ...}`` (the persistent kernels' mode
+    and split, or the per-step path and why)."""
 
     def gflops(self, phase: str) -> float | None:
         """The products' rate at the median time of a phase, in GFLOP/s."""

@@ -1,0 +1,462 @@
+// The persistent sequence kernels' launchers (lltm_cuda_persistent.h): the
+// device's limits and the occupancy calculator's answers for the rule of
+// lltm_cuda_persistent_plan.h, the plans remembered per device and size,
+// and the launches, cooperative or in clusters, with their fallback: a
+// launch the GPU refuses as too large (too few multiprocessors free, MPS)
+// returns false and the sequence op runs its per-step path instead.
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "../lltm_sequence.h"
+#include "../lltm_tensor.h"
+#include "lltm_cuda_device.h"
+#include "lltm_cuda_launch.cuh"
+#include "lltm_cuda_persistent.cuh"
+#include "lltm_cuda_persistent.h"
+#include "lltm_cuda_persistent_plan.h"
+#include "lltm_cuda_runtime.h"
+
+namespace lltm::cuda {
+namespace {
+
+using persistent::BackwardArgs;
+using persistent::ClusterExchange;
+using persistent::ForwardArgs;
+using persistent::GridExchange;
+using persistent::Steps;
+
+template <typename T>
+using ForwardKernel = void (*)(ForwardArgs<T>);
+template <typename T>
+using BackwardKernel = void (*)(BackwardArgs<T>);
+
+template <typename T>
+ForwardKernel<T> forward_kernel(SequencePath path, int tile_rows) {
+  using persistent::sequence_forward_kernel;
+  if (path == SequencePath::kCluster) {
+    return tile_rows == 4 ? sequence_forward_kernel<T, 4, ClusterExchange>
+                          : sequence_forward_kernel<T, 1, ClusterExchange>;
+  }
+  return tile_rows == 4 ? sequence_forward_kernel<T, 4, GridExchange>
+                        : sequence_forward_kernel<T, 1, GridExchange>;
+}
+
+template <typename T>
+BackwardKernel<T> backward_kernel(SequencePath path, int tile_rows) {
+  using persistent::sequence_backward_kernel;
+  if (path == SequencePath::kCluster) {
+    return tile_rows == 4 ? sequence_backward_kernel<T, 4, ClusterExchange>
+                          : sequence_backward_kernel<T, 1, ClusterExchange>;
+  }
+  return tile_rows == 4 ? sequence_backward_kernel<T, 4, GridExchange>
+                        : sequence_backward_kernel<T, 1, GridExchange>;
+}
+
+// Whether LLTM_CUDA_PERSISTENT lets the persistent kernels run ("0": no),
+// read at every call, so that a process can compare both paths.
+bool persistent_enabled() {
+  const char* value = std::getenv("LLTM_CUDA_PERSISTENT");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+int attribute(cudaDeviceAttr which, int device) {
+  int value = 0;
+  const cudaError_t error = cudaDeviceGetAttribute(&value, which, device);
+  if (error != cudaSuccess) fail_cuda("querying the GPU", error);
+  return value;
+}
+
+// Devices with an index at or past this, and the host build's (-1), are
+// queried at every call (the tests change the emulated GPU between calls).
+constexpr int kCachedDevices = 64;
+
+DeviceLimits device_limits(int device) {
+  static std::mutex mutex;
+  static std::optional<DeviceLimits> known[kCachedDevices];
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (known[device]) return *known[device];
+  }
+  DeviceLimits limits;
+  limits.multiprocessors = attribute(cudaDevAttrMultiProcessorCount, device);
+  limits.major = attribute(cudaDevAttrComputeCapabilityMajor, device);
+  limits.minor = attribute(cudaDevAttrComputeCapabilityMinor, device);
+  limits.cooperative = attribute(cudaDevAttrCooperativeLaunch, device) != 0;
+  limits.clusters = attribute(cudaDevAttrClusterLaunch, device) != 0;
+  limits.shared_per_block = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (cached) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    known[device] = limits;
+  }
+  return limits;
+}
+
+// The attributes a kernel needs on the current device before its occupancy
+// is asked or it is launched: all the shared memory a block may have (above
+// 48 KiB only on request) and, for clusters, the non-portable size 16. Set
+// once per kernel and device. A refusal is no error here: the occupancy
+// calculator then answers 0 and the plan does without.
+template <typename Kernel>
+void prepare(Kernel kernel, int device, SequencePath path, int64_t shared_limit) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> prepared;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  const bool cached = device >= 0;
+  if (cached) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (prepared.count(key) != 0) return;
+  }
+  (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_limit));
+  if (path == SequencePath::kCluster) {
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  (void)cudaGetLastError();
+  if (cached) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    prepared.insert(key);
+  }
+}
+
+template <typename T>
+class KernelOccupancy final : public Occupancy {
+ public:
+  KernelOccupancy(int device, const DeviceLimits& limits) : device_(device), limits_(limits) {}
+
+  int blocks_per_multiprocessor(SequencePass pass, int tile_rows, int threads,
+                                int64_t shared_bytes) const override {
+    int blocks = 0;
+    cudaError_t error;
+    if (pass == SequencePass::kForward) {
+      const auto kernel = forward_kernel<T>(SequencePath::kCooperative, tile_rows);
+      prepare(kernel, device_, SequencePath::kCooperative, limits_.shared_per_block);
+      error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads,
+                                                            static_cast<size_t>(shared_bytes));
+    } else {
+      const auto kernel = backward_kernel<T>(SequencePath::kCooperative, tile_rows);
+      prepare(kernel, device_, SequencePath::kCooperative, limits_.shared_per_block);
+      error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads,
+                                                            static_cast<size_t>(shared_bytes));
+    }
+    if (error != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return blocks;
+  }
+
+  int active_clusters(SequencePass pass, int tile_rows, int cluster_size, int groups, int threads,
+                      int64_t shared_bytes) const override {
+    cudaLaunchAttribute cluster[1] = {};
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = static_cast<unsigned>(cluster_size);
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(cluster_size), static_cast<unsigned>(groups));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    cudaError_t error;
+    if (pass == SequencePass::kForward) {
+      const auto kernel = forward_kernel<T>(SequencePath::kCluster, tile_rows);
+      prepare(kernel, device_, SequencePath::kCluster, limits_.shared_per_block);
+      error = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    } else {
+      const auto kernel = backward_kernel<T>(SequencePath::kCluster, tile_rows);
+      prepare(kernel, device_, SequencePath::kCluster, limits_.shared_per_block);
+      error = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    }
+    if (error != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return clusters;
+  }
+
+ private:
+  int device_;
+  DeviceLimits limits_;
+};
+
+// The plan for a call, remembered per device (the occupancy calculator is
+// not free: a plan may ask it a few dozen times).
+// Whether the plan of such a call depends on the device at all.
+bool plan_reads_device(int element_size, int64_t batch, int64_t state) {
+  return persistent_enabled() && (element_size == 4 || element_size == 8) && batch > 0 && state > 0;
+}
+
+SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
+                      int64_t state) {
+  if (!plan_reads_device(element_size, batch, state)) {
+    // The reason only: no device query.
+    struct Unused final : Occupancy {
+      int blocks_per_multiprocessor(SequencePass, int, int, int64_t) const override { return 0; }
+      int active_clusters(SequencePass, int, int, int, int, int64_t) const override { return 0; }
+    } unused;
+    return plan_sequence(pass, element_size, batch, state, DeviceLimits{}, unused,
+                         persistent_enabled());
+  }
+  using Key = std::tuple<int, int, int, int64_t, int64_t>;
+  static std::mutex mutex;
+  static std::map<Key, SequencePlan> plans;
+  const Key key{device, static_cast<int>(pass), element_size, batch, state};
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = plans.find(key);
+    if (found != plans.end()) return found->second;
+  }
+  const DeviceLimits limits = device_limits(device);
+  SequencePlan plan;
+  if (element_size == 8) {
+    plan = plan_sequence(pass, element_size, batch, state, limits,
+                         KernelOccupancy<double>(device, limits));
+  } else {
+    plan = plan_sequence(pass, element_size, batch, state, limits,
+                         KernelOccupancy<float>(device, limits));
+  }
+  if (cached) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (plans.size() >= 4096) plans.clear();  // a bound, for programs of endless sizes
+    plans.emplace(key, plan);
+  }
+  return plan;
+}
+
+// The schedule as the kernels carry it, or nothing where it does not fit in
+// the launch's parameters (more distinct batch sizes than kPersistentMaxRuns,
+// sizes past 32 bits).
+std::optional<Steps> steps_of(const Schedule& schedule, int64_t rows) {
+  constexpr int64_t kMax32 = 2147483647;
+  Steps steps{};
+  steps.steps = schedule.steps();
+  steps.rows = rows;
+  if (steps.steps > kMax32) return std::nullopt;
+  for (int64_t t = 0; t < steps.steps; ++t) {
+    const int64_t size = schedule.sizes[t];
+    if (size > kMax32) return std::nullopt;
+    if (steps.runs > 0 && steps.sizes[steps.runs - 1] == size) {
+      ++steps.counts[steps.runs - 1];
+      continue;
+    }
+    if (steps.runs == kPersistentMaxRuns) return std::nullopt;
+    steps.sizes[steps.runs] = static_cast<int32_t>(size);
+    steps.counts[steps.runs] = 1;
+    ++steps.runs;
+  }
+  return steps;
+}
+
+// Launch errors that say the launch cannot be had now, rather than that it
+// is wrong: too many blocks to run at once (other work or MPS holds
+// multiprocessors), a cluster that cannot be placed.
+bool launch_unavailable(cudaError_t error) {
+  return error == cudaErrorCooperativeLaunchTooLarge || error == cudaErrorInvalidClusterSize ||
+         error == cudaErrorLaunchOutOfResources || error == cudaErrorNotSupported;
+}
+
+template <typename Kernel, typename Args>
+bool launch(Kernel kernel, const SequencePlan& plan, const Args& args, int device,
+            const char* name) {
+  prepare(kernel, device, plan.path, device_limits(device).shared_per_block);
+  cudaLaunchAttribute attributes[1] = {};
+  if (plan.path == SequencePath::kCluster) {
+    attributes[0].id = cudaLaunchAttributeClusterDimension;
+    attributes[0].val.clusterDim.x = static_cast<unsigned>(plan.blocks);
+    attributes[0].val.clusterDim.y = 1;
+    attributes[0].val.clusterDim.z = 1;
+  } else {
+    attributes[0].id = cudaLaunchAttributeCooperative;
+    attributes[0].val.cooperative = 1;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.groups));
+  config.blockDim = dim3(static_cast<unsigned>(plan.threads));
+  config.dynamicSmemBytes = static_cast<size_t>(plan.shared_bytes);
+  config.stream = current_stream(device);
+  config.attrs = attributes;
+  config.numAttrs = 1;
+  const cudaError_t error = cudaLaunchKernelEx(&config, kernel, args);
+  if (error == cudaSuccess) return true;
+  (void)cudaGetLastError();  // the launch's error is answered here
+  if (launch_unavailable(error)) return false;
+  fail_cuda(std::string("launching ") + name, error);
+}
+
+template <typename T>
+bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Steps& steps,
+                    bool reverse, Tensor& gates, Tensor& output, Tensor& cells, Tensor& h_n,
+                    Tensor& c_n, const Tensor& weights, const Tensor& h0, const Tensor& c0) {
+  ForwardArgs<T> args{};
+  args.gates = gates.mutable_data_ptr<T>();
+  args.output = output.mutable_data_ptr<T>();
+  args.cells = cells.mutable_data_ptr<T>();
+  args.h_n = h_n.mutable_data_ptr<T>();
+  args.c_n = c_n.mutable_data_ptr<T>();
+  args.weights = weights.const_data_ptr<T>();
+  args.weights_row_stride = weights.stride(0);
+  args.weights_col_stride = weights.stride(1);
+  args.h0 = h0.const_data_ptr<T>();
+  args.c0 = c0.const_data_ptr<T>();
+  args.batch = n.batch;
+  args.state = n.state;
+  args.units = plan.units;
+  args.group_rows = plan.group_rows;
+  args.pitch = plan.pitch;
+  args.split = plan.split;
+  args.layout = plan.layout;
+  args.reverse = reverse;
+  args.steps = steps;
+  return launch(forward_kernel<T>(plan.path, plan.tile_rows), plan, args, gates.get_device_index(),
+                "lltm sequence_forward_kernel");
+}
+
+template <typename T>
+bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Steps& steps,
+                     bool reverse, const std::optional<Tensor>& grad_output,
+                     const std::optional<Tensor>& grad_h_n, const std::optional<Tensor>& grad_c_n,
+                     const Tensor& gates, const Tensor& cells, const Tensor& weights,
+                     Tensor& d_gates, Tensor* grad_h, Tensor& grad_c) {
+  BackwardArgs<T> args{};
+  if (grad_output.has_value()) {
+    args.grad_output = grad_output->const_data_ptr<T>();
+    if (n.packed) {  // (rows, S)
+      args.go_start = grad_output->stride(0);
+      args.go_row = grad_output->stride(0);
+      args.go_col = grad_output->stride(1);
+    } else {  // (steps, batch, S)
+      args.go_step = grad_output->stride(0);
+      args.go_row = grad_output->stride(1);
+      args.go_col = grad_output->stride(2);
+    }
+  }
+  // The final states' gradients are small: read densely.
+  std::optional<Tensor> dense_h_n, dense_c_n;
+  if (grad_h_n.has_value()) {
+    dense_h_n = dense(*grad_h_n);
+    args.grad_h_n = dense_h_n->const_data_ptr<T>();
+  }
+  if (grad_c_n.has_value()) {
+    dense_c_n = dense(*grad_c_n);
+    args.grad_c_n = dense_c_n->const_data_ptr<T>();
+  }
+  args.gates = gates.const_data_ptr<T>();
+  args.cells = cells.const_data_ptr<T>();
+  args.d_gates = d_gates.mutable_data_ptr<T>();
+  args.grad_h = grad_h != nullptr ? grad_h->mutable_data_ptr<T>() : nullptr;
+  args.grad_c = grad_c.mutable_data_ptr<T>();
+  // Cooperative: the blocks' shares of the gradient of h in global memory,
+  // two steps' worth (see the kernel).
+  std::optional<Tensor> shares;
+  if (plan.path == SequencePath::kCooperative) {
+    shares = new_matrix(gates, 2 * int64_t(plan.blocks) * n.batch, n.state);
+    args.shares = shares->mutable_data_ptr<T>();
+  }
+  args.weights = weights.const_data_ptr<T>();
+  args.weights_row_stride = weights.stride(0);
+  args.weights_col_stride = weights.stride(1);
+  args.batch = n.batch;
+  args.state = n.state;
+  args.units = plan.units;
+  args.group_rows = plan.group_rows;
+  args.pitch = plan.pitch;
+  args.layout = plan.layout;
+  args.reverse = reverse;
+  args.steps = steps;
+  // `shares` is freed after the launch is queued: torch's caching allocator
+  // hands its memory out again only to work queued after it on this stream.
+  return launch(backward_kernel<T>(plan.path, plan.tile_rows), plan, args, gates.get_device_index(),
+                "lltm sequence_backward_kernel");
+}
+
+int element_size_of(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::headeronly::ScalarType::Float:
+      return 4;
+    case torch::headeronly::ScalarType::Double:
+      return 8;
+    default:
+      return 2;
+  }
+}
+
+}  // namespace
+
+bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule, Tensor& gates,
+                                 Tensor& output, Tensor& cells, Tensor& h_n, Tensor& c_n,
+                                 const Tensor& weights, const Tensor& h0, const Tensor& c0) {
+  const int element_size = element_size_of(gates);
+  const int device = gates.get_device_index();
+  const SequencePlan plan =
+      plan_for(SequencePass::kForward, device, element_size, n.batch, n.state);
+  if (!plan.persistent()) return false;
+  const std::optional<Steps> steps = steps_of(schedule, n.rows);
+  if (!steps) return false;
+  if (element_size == 8) {
+    return forward_launch<double>(plan, n, *steps, schedule.reverse, gates, output, cells, h_n, c_n,
+                                  weights, h0, c0);
+  }
+  return forward_launch<float>(plan, n, *steps, schedule.reverse, gates, output, cells, h_n, c_n,
+                               weights, h0, c0);
+}
+
+bool persistent_sequence_backward(const SequenceSizes& n, const Schedule& schedule,
+                                  const std::optional<Tensor>& grad_output,
+                                  const std::optional<Tensor>& grad_h_n,
+                                  const std::optional<Tensor>& grad_c_n, const Tensor& gates,
+                                  const Tensor& cells, const Tensor& weights, Tensor& d_gates,
+                                  Tensor* grad_h, Tensor& grad_c) {
+  const int element_size = element_size_of(gates);
+  const int device = gates.get_device_index();
+  const SequencePlan plan =
+      plan_for(SequencePass::kBackward, device, element_size, n.batch, n.state);
+  if (!plan.persistent()) return false;
+  const std::optional<Steps> steps = steps_of(schedule, n.rows);
+  if (!steps) return false;
+  if (element_size == 8) {
+    return backward_launch<double>(plan, n, *steps, schedule.reverse, grad_output, grad_h_n,
+                                   grad_c_n, gates, cells, weights, d_gates, grad_h, grad_c);
+  }
+  return backward_launch<float>(plan, n, *steps, schedule.reverse, grad_output, grad_h_n, grad_c_n,
+                                gates, cells, weights, d_gates, grad_h, grad_c);
+}
+
+std::string sequence_path(int device, int element_size, int64_t batch, int64_t state) {
+  // On a thread of its own: the caller's current device and its contexts
+  // stay as they are (see kernel_image_problem).
+  std::string text, error;
+  std::thread([&] {
+    try {
+      if (device >= 0 && plan_reads_device(element_size, batch, state)) {
+        const cudaError_t selected = cudaSetDevice(device);
+        if (selected != cudaSuccess) fail_cuda("selecting the GPU", selected);
+      }
+      text = "forward: " +
+             describe(plan_for(SequencePass::kForward, device, element_size, batch, state)) +
+             "\nbackward: " +
+             describe(plan_for(SequencePass::kBackward, device, element_size, batch, state));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  if (!error.empty()) throw std::runtime_error(error);
+  return text;
+}
+
+}  // namespace lltm::cuda

@@ -1,0 +1,322 @@
+// How lltm runs a whole sequence's recurrence on a GPU: one persistent launch
+// for every step (lltm_cuda_persistent.cuh), or the per-step path (a product
+// and a pointwise kernel a step, lltm_cuda_sequence_*.cu). The rule is this
+// file's plan_sequence(), a pure function of the call's sizes and what the
+// device and the runtime's occupancy calculator answer, so that it can be
+// shown (`python -m lltm info`, the bench) and tested without a GPU.
+//
+// A persistent launch splits the state across P thread blocks, each owning
+// U = ceil(S / P) state units and keeping, in shared memory for the whole
+// sequence, the rows of W_h of its units' three gates (3U x S); the batch
+// splits into G groups of rows that never interact (grid.y). A step's new h
+// is exchanged between the P blocks of a group with one barrier a step: a
+// thread-block cluster (sm_90+: the cluster barrier, h pushed into every
+// block's shared memory) or a cooperative grid (the grid barrier, h through
+// global memory). The backward runs the same way, the gradient of h reduced
+// across the P blocks.
+//
+// Plain C++ (no CUDA types): module.cpp, compiled by the host compiler, and
+// the tests' emulated GPU see the same rule.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace lltm::cuda {
+
+enum class SequencePath { kPerStep, kCluster, kCooperative };
+enum class SequencePass { kForward, kBackward };
+
+// Threads a persistent block has at most (the kernels' launch bounds: 128
+// registers a thread).
+constexpr int kPersistentMaxThreads = 512;
+// (batch row, state unit) pairs a thread owns at most: their cell state and
+// next step's inputs live in its registers.
+constexpr int kPersistentPairs = 2;
+// Distinct batch sizes of a packed sequence the launch's parameters carry (a
+// packed sequence with more takes the per-step path).
+constexpr int kPersistentMaxRuns = 256;
+// Cluster sizes: 8 is portable, 16 needs the non-portable attribute and a GPU
+// whose occupancy calculator accepts it.
+constexpr int kPortableClusterSize = 8;
+constexpr int kMaxClusterSize = 16;
+
+// What the plan reads from the device (cudaDeviceGetAttribute).
+struct DeviceLimits {
+  int multiprocessors = 0;
+  int major = 0, minor = 0;      // compute capability
+  bool cooperative = false;      // cudaDevAttrCooperativeLaunch
+  bool clusters = false;         // cudaDevAttrClusterLaunch
+  int64_t shared_per_block = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes
+};
+
+// The occupancy calculator for the kernel a plan would launch: the pass,
+// mode and tile height pick the kernel (its registers count).
+class Occupancy {
+ public:
+  virtual ~Occupancy() = default;
+  // cudaOccupancyMaxActiveBlocksPerMultiprocessor (0 where it fails).
+  virtual int blocks_per_multiprocessor(SequencePass pass, int tile_rows, int threads,
+                                        int64_t shared_bytes) const = 0;
+  // cudaOccupancyMaxActiveClusters for clusters of `cluster_size` blocks in a
+  // grid of (cluster_size, groups) (0 where it fails).
+  virtual int active_clusters(SequencePass pass, int tile_rows, int cluster_size, int groups,
+                              int threads, int64_t shared_bytes) const = 0;
+};
+
+// Where each array lives in a block's shared memory: offsets in elements, each
+// a multiple of a 16-byte vector. Forward: `weights` (3U rows of W_h, `pitch`
+// apart), `exchange` (the running h of the group's rows, S wide, `pitch`
+// apart: two buffers in cluster mode, one in cooperative), `scratch` (the
+// product's partial sums, split x rows x 3U), `state` (the running cell and h
+// of the block's pairs, 2 x rows x U). Backward: `weights` (the same rows),
+// `exchange` (cluster mode: the partial gradients of h the P blocks send, 2
+// x P x rows x U; cooperative: none, they go through global memory),
+// `scratch` (the step's gate gradients of the block's units, rows x 3U),
+// `state` (the carried gradients of h and c, 2 x rows x U).
+struct SharedLayout {
+  int64_t weights = 0, exchange = 0, scratch = 0, state = 0, total = 0;
+};
+
+struct SequencePlan {
+  SequencePath path = SequencePath::kPerStep;
+  int blocks = 0;          // P: blocks a group's state is split across (grid.x; a cluster)
+  int groups = 0;          // G: groups of batch rows (grid.y)
+  int64_t units = 0;       // U: state units of a block (the last block may have fewer)
+  int64_t group_rows = 0;  // batch rows of a group (the last group may have fewer)
+  int threads = 0;         // a block's
+  int split = 1;           // forward: threads sharing one dot product (split along S)
+  int tile_rows = 1;       // batch rows of a thread's tile in the products: 1 or 4
+  int64_t pitch = 0;       // elements between rows of W_h (and of h) in shared memory
+  SharedLayout layout;     // elements
+  int64_t shared_bytes = 0;
+  std::string reason;  // per-step: why
+
+  bool persistent() const { return path != SequencePath::kPerStep; }
+};
+
+inline int64_t plan_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Elements of a 16-byte vector.
+inline int64_t vector_elements(int element_size) { return 16 / element_size; }
+
+// Rows of W_h in shared memory are read 16 bytes at a time by threads of
+// consecutive units: a pitch of an odd number of 16-byte chunks puts eight
+// consecutive rows on eight different groups of four banks (no conflict).
+inline int64_t shared_pitch(int64_t state, int element_size) {
+  const int64_t v = vector_elements(element_size);
+  return v * (plan_ceil_div(state, v) | 1);
+}
+
+inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int element_size,
+                                  int64_t state, int blocks, int64_t units, int64_t rows,
+                                  int split) {
+  const int64_t v = vector_elements(element_size);
+  const auto rounded = [v](int64_t n) { return plan_ceil_div(n, v) * v; };
+  const int64_t pitch = shared_pitch(state, element_size);
+  const bool cluster = path == SequencePath::kCluster;
+  SharedLayout l;
+  l.weights = 0;
+  l.exchange = 3 * units * pitch;
+  int64_t exchange = 0, scratch = 0;
+  if (pass == SequencePass::kForward) {
+    exchange = (cluster ? 2 : 1) * rows * pitch;
+    scratch = rounded(int64_t(split) * rows * 3 * units);
+  } else {
+    exchange = cluster ? rounded(2 * int64_t(blocks) * rows * units) : 0;
+    scratch = rounded(rows * 3 * units);
+  }
+  l.scratch = l.exchange + exchange;
+  l.state = l.scratch + scratch;
+  l.total = l.state + rounded(2 * rows * units);
+  return l;
+}
+
+// Threads, split and tile height of a block of `rows` x `units` pairs, or
+// threads = 0 when no block can own that many pairs. Forward: a thread per
+// (row tile, unit, part of S), about eight 16-byte chunks of S a part;
+// backward: a thread per (row tile, 16 bytes of the state). Between 128 and
+// kPersistentMaxThreads threads.
+struct BlockShape {
+  int threads = 0, split = 1, tile_rows = 1;
+};
+
+inline BlockShape block_shape(SequencePass pass, int element_size, int64_t state, int64_t units,
+                              int64_t rows) {
+  BlockShape b;
+  b.tile_rows = rows >= 4 ? 4 : 1;
+  const int64_t pairs = rows * units;
+  const int64_t row_tiles = plan_ceil_div(rows, b.tile_rows);
+  const int64_t chunks = plan_ceil_div(state, vector_elements(element_size));
+  const int64_t work = pass == SequencePass::kForward
+                           ? row_tiles * units * std::max<int64_t>(1, chunks / 8)
+                           : row_tiles * chunks;
+  const int64_t need = std::max(plan_ceil_div(pairs, kPersistentPairs), work);
+  int threads = 128;
+  while (threads < need && threads < kPersistentMaxThreads) threads *= 2;
+  if (pairs > int64_t(threads) * kPersistentPairs) return b;  // threads = 0
+  b.threads = threads;
+  if (pass == SequencePass::kForward) {
+    const int64_t tiles = row_tiles * units;
+    while (int64_t(b.split) * 2 <= chunks && int64_t(b.split) * 2 * tiles <= threads) b.split *= 2;
+  }
+  return b;
+}
+
+// The plan for `blocks` x `groups` blocks of the given mode; its split
+// halved while its shared memory exceeds `shared_limit` (bytes), which it may
+// still exceed.
+inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_size, int64_t batch,
+                            int64_t state, int blocks, int64_t group_rows, int64_t shared_limit) {
+  SequencePlan p;
+  p.units = plan_ceil_div(state, blocks);
+  p.blocks = static_cast<int>(plan_ceil_div(state, p.units));
+  p.group_rows = group_rows;
+  p.groups = static_cast<int>(plan_ceil_div(batch, group_rows));
+  const BlockShape shape = block_shape(pass, element_size, state, p.units, group_rows);
+  p.threads = shape.threads;
+  p.split = shape.split;
+  p.tile_rows = shape.tile_rows;
+  p.pitch = shared_pitch(state, element_size);
+  p.path = path;
+  for (;;) {
+    p.layout =
+        shared_layout(pass, path, element_size, state, p.blocks, p.units, group_rows, p.split);
+    p.shared_bytes = p.layout.total * element_size;
+    if (p.shared_bytes <= shared_limit || p.split == 1) break;
+    p.split /= 2;
+  }
+  return p;
+}
+
+inline std::string kib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
+  return text;
+}
+
+// For one mode, the plan with the most blocks (at most one per
+// multiprocessor, all of them running at once: `fits` asks the occupancy
+// calculator), ties broken by fewer blocks along the state where
+// `prefer_fewer` (cooperative: h goes through global memory, P times a step)
+// and by more otherwise (clusters: the slice of W_h a block reads every step
+// is smaller). Candidates for P: `sizes`.
+template <typename Fits>
+SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, int64_t batch,
+                       int64_t state, const DeviceLimits& device, const int* sizes, int count,
+                       bool prefer_fewer, const Fits& fits) {
+  SequencePlan best;
+  int64_t tried[32] = {};
+  int tried_count = 0;
+  for (int i = 0; i < count; ++i) {
+    // P blocks of U units; fewer blocks where U units each cover the state.
+    const int64_t blocks = plan_ceil_div(state, plan_ceil_div(state, sizes[i]));
+    if (blocks > device.multiprocessors ||
+        std::find(tried, tried + tried_count, blocks) != tried + tried_count) {
+      continue;
+    }
+    tried[tried_count++] = blocks;
+    const int64_t most_groups =
+        std::min<int64_t>(batch, std::max<int64_t>(1, device.multiprocessors / blocks));
+    // The fewest rows a group can have, then more (fewer groups) until the
+    // plan fits: the first that fits has the most blocks for this P.
+    for (int64_t rows = plan_ceil_div(batch, most_groups); rows <= batch; ++rows) {
+      if (rows > 1 && plan_ceil_div(batch, rows) == plan_ceil_div(batch, rows - 1)) continue;
+      const SequencePlan p = plan_of(pass, path, element_size, batch, state,
+                                     static_cast<int>(blocks), rows, device.shared_per_block);
+      if (p.threads == 0) break;                            // more rows: more pairs
+      if (p.shared_bytes > device.shared_per_block) break;  // more rows need more
+      if (!fits(p)) continue;
+      const int64_t total = int64_t(p.blocks) * p.groups;
+      const int64_t best_total = int64_t(best.blocks) * best.groups;
+      if (!best.persistent() || total > best_total ||
+          (total == best_total &&
+           (prefer_fewer ? p.blocks < best.blocks : p.blocks > best.blocks))) {
+        best = p;
+      }
+      break;
+    }
+  }
+  return best;
+}
+
+// The rule. `enabled` is false where LLTM_CUDA_PERSISTENT=0.
+inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t batch, int64_t state,
+                                  const DeviceLimits& device, const Occupancy& occupancy,
+                                  bool enabled = true) {
+  SequencePlan none;
+  if (!enabled) {
+    none.reason = "LLTM_CUDA_PERSISTENT=0";
+    return none;
+  }
+  if (element_size != 4 && element_size != 8) {
+    none.reason = "16-bit: the persistent kernels take float32 and float64";
+    return none;
+  }
+  if (batch <= 0 || state <= 0) {
+    none.reason = "nothing to run (empty batch or state)";
+    return none;
+  }
+  if (device.multiprocessors <= 0) {
+    none.reason = "the device reports no multiprocessor";
+    return none;
+  }
+  // Clusters: sm_90 and later, P up to 8 (16 where the calculator takes it),
+  // every group's cluster running at once.
+  if (device.clusters && device.major >= 9) {
+    static constexpr int kSizes[] = {16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1};
+    SequencePlan p = best_plan(
+        pass, SequencePath::kCluster, element_size, batch, state, device, kSizes, 16,
+        /*prefer_fewer=*/false, [&](const SequencePlan& plan) {
+          return occupancy.active_clusters(pass, plan.tile_rows, plan.blocks, plan.groups,
+                                           plan.threads, plan.shared_bytes) >= plan.groups;
+        });
+    if (p.persistent()) return p;
+  }
+  // A cooperative grid: every block running at once.
+  if (device.cooperative) {
+    static constexpr int kSizes[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+    SequencePlan p =
+        best_plan(pass, SequencePath::kCooperative, element_size, batch, state, device, kSizes, 11,
+                  /*prefer_fewer=*/true, [&](const SequencePlan& plan) {
+                    const int per_multiprocessor = occupancy.blocks_per_multiprocessor(
+                        pass, plan.tile_rows, plan.threads, plan.shared_bytes);
+                    return int64_t(per_multiprocessor) * device.multiprocessors >=
+                           int64_t(plan.blocks) * plan.groups;
+                  });
+    if (p.persistent()) return p;
+  }
+  if (!device.cooperative && !(device.clusters && device.major >= 9)) {
+    none.reason = "the device has neither cooperative nor cluster launches";
+    return none;
+  }
+  // Why nothing fits: the smallest slice of W_h a block could hold.
+  const int64_t most_blocks = std::min<int64_t>(state, device.multiprocessors);
+  const int64_t units = plan_ceil_div(state, most_blocks);
+  const int64_t weights = 3 * units * shared_pitch(state, element_size) * element_size;
+  none.reason = "no split fits on chip with every block running at once (W_h across " +
+                std::to_string(most_blocks) + " blocks: " + kib(weights) + " a block, of " +
+                kib(device.shared_per_block) + " of shared memory; the state of at most " +
+                std::to_string(kPersistentPairs * kPersistentMaxThreads) +
+                " (row, unit) pairs a block)";
+  return none;
+}
+
+inline std::string count(int64_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+// One line: how a call runs.
+inline std::string describe(const SequencePlan& p) {
+  if (!p.persistent()) return "per-step (" + p.reason + ")";
+  return std::string(p.path == SequencePath::kCluster ? "persistent, clusters: "
+                                                      : "persistent, cooperative grid: ") +
+         count(p.groups, "group", "groups") + " x " + count(p.blocks, "block", "blocks") + " (" +
+         count(p.units, "state unit", "state units") + ", " +
+         count(p.group_rows, "batch row", "batch rows") + " a block), " +
+         count(p.threads, "thread", "threads") + ", " + kib(p.shared_bytes) + " shared memory";
+}
+
+}  // namespace lltm::cuda
