@@ -293,3 +293,16 @@ def test_vmap_over_samples_is_one_kernel_call():
     assert counts["lltm::sequence_forward"] == 2, counts
     counts = _kernel_calls(vmap(grad(loss), in_dims=(None, 0, 0)), params, x, target)
     assert counts["lltm::sequence_forward"] == 3, counts
+
+
+@pytest.mark.parametrize("op", ["cell", "sequence"])
+def test_vmap_over_samples_that_are_not_matrices_names_the_argument(op):
+    # A sample of the wrong rank is the operator's own ValueError, one call
+    # per sample, not an error of the batching rule's folding.
+    input, weights, bias, old_h, old_cell = lltm.reference.example_inputs(dtype=torch.float64)
+    fn = lltm.lltm_cell if op == "cell" else lltm.lltm_sequence
+    samples = torch.randn(2, *input.shape[1:], dtype=torch.float64)  # each (features,)
+    if op == "sequence":
+        samples = samples[:, None]  # each (1, features): not (seq_len, batch, features)
+    with pytest.raises(ValueError, match=r"^lltm: input must be"):
+        vmap(fn, in_dims=(0, None, None, None, None))(samples, weights, bias, old_h, old_cell)

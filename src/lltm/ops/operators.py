@@ -36,8 +36,9 @@ class Operator:
     vmap: Callable[..., Any]
     """Its batching rule (vmap.py)."""
     function: type[Any] | None = None
-    """The autograd Function a forward operator applies (autograd.py); None for a
-    backward operator, which autograd differentiates through its composite."""
+    """The autograd Function the operator applies (autograd.py: the forward
+    operators'); None where autograd differentiates it through its composite
+    (the backward operators, and any operator without a Function of its own)."""
     autocast: bool = False
     """Whether autocast casts its floating arguments, as for torch's recurrent ops."""
     decomposition: Callable[..., Any] | None = None

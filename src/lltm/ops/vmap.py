@@ -83,6 +83,18 @@ def _per_index(op: Any, size: int, in_dims: InDims, args: tuple[Any, ...]) -> Ba
     return stacked, tuple(None if t is None else 0 for t in stacked)
 
 
+def _samples_are_matrices(args: tuple[Any, ...], in_dims: InDims) -> bool:
+    """Whether every batched tensor's samples have rows and columns, as folding needs.
+
+    Where one does not, one call per sample raises the operator's own error
+    naming the argument.
+    """
+    return all(
+        not isinstance(a, Tensor) or d is None or a.dim() >= 3
+        for a, d in zip(args, in_dims, strict=True)
+    )
+
+
 def _to_front(t: Tensor, dim: int | None, size: int) -> Tensor:
     return t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
 
@@ -90,7 +102,7 @@ def _to_front(t: Tensor, dim: int | None, size: int) -> Tensor:
 def forward(info: Any, in_dims: InDims, *args: Tensor) -> Batched:
     """lltm::forward under vmap: one call, the vmapped dimension folded into the batch."""
     input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim = in_dims
-    if weights_dim is not None or bias_dim is not None:
+    if weights_dim is not None or bias_dim is not None or not _samples_are_matrices(args, in_dims):
         return _per_index(library.forward, info.batch_size, in_dims, args)
     input, weights, bias, old_h, old_cell = args
     size = info.batch_size
@@ -109,6 +121,8 @@ def backward(info: Any, in_dims: InDims, *args: Any) -> Batched:
     *tensors, output_mask = args
     *row_dims, weights_dim, _ = in_dims
     size = info.batch_size
+    if not _samples_are_matrices(args, in_dims):
+        return _per_index(library.backward, size, in_dims, args)
     _, want_weights, want_bias, _, _ = output_mask
     if weights_dim is None and not want_weights and not want_bias:
         grad_h, grad_cell, new_cell, gates, input, old_h = (
@@ -134,7 +148,12 @@ def backward(info: Any, in_dims: InDims, *args: Any) -> Batched:
 def sequence_forward(info: Any, in_dims: InDims, *args: Any) -> Batched:
     """lltm::sequence_forward under vmap: one call, the vmapped dimension in the batch."""
     input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim, sizes_dim, _ = in_dims
-    if weights_dim is not None or bias_dim is not None or sizes_dim is not None:
+    if (
+        weights_dim is not None
+        or bias_dim is not None
+        or sizes_dim is not None
+        or not _samples_are_matrices(args, in_dims)
+    ):
         return _per_index(library.sequence_forward, info.batch_size, in_dims, args)
     input, weights, bias, old_h, old_cell, batch_sizes, reverse = args
     size = info.batch_size
@@ -177,16 +196,16 @@ def _fold_sequence_backward_args(
     return folded, weights, None if batch_sizes is None else batch_sizes * size
 
 
-def _one_call_serves(in_dims: InDims) -> bool:
-    """Weights and batch_sizes shared: the vmapped index can be folded."""
+def _one_call_serves(args: tuple[Any, ...], in_dims: InDims) -> bool:
+    """Weights and batch_sizes shared, samples of matrices: the vmapped index can be folded."""
     weights_dim, sizes_dim = in_dims[7], in_dims[9]
-    return weights_dim is None and sizes_dim is None
+    return weights_dim is None and sizes_dim is None and _samples_are_matrices(args, in_dims)
 
 
 def sequence_gate_grads(info: Any, in_dims: InDims, *args: Any) -> Batched:
     """lltm::sequence_gate_grads under vmap: one call where the weights are shared."""
     size = info.batch_size
-    if not _one_call_serves(in_dims):
+    if not _one_call_serves(args, in_dims):
         return _per_index(library.sequence_gate_grads, size, in_dims, args)
     folded, _, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
     return _unfolded(library.sequence_gate_grads(*folded, batch_sizes, args[10]), size)
@@ -195,7 +214,7 @@ def sequence_gate_grads(info: Any, in_dims: InDims, *args: Any) -> Batched:
 def sequence_backward(info: Any, in_dims: InDims, *args: Any) -> Batched:
     """lltm::sequence_backward under vmap: one call, or batched products for per-sample weights."""
     size = info.batch_size
-    if not _one_call_serves(in_dims):
+    if not _one_call_serves(args, in_dims):
         return _per_index(library.sequence_backward, size, in_dims, args)
     reverse, output_mask = args[10], args[11]
     folded, weights, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
