@@ -14,8 +14,10 @@
    (its uncommitted changes left out) in the user's home.
 4. The two commands, each as the README writes it, run by the user in a
    login shell, with nothing of this machine: Debian's python3, no pyenv,
-   no pip configuration nor PIP_* variable; /etc/resolv.conf is copied in,
-   so that names resolve. PyPI and torch's own indexes serve everything;
+   no pip configuration nor PIP_* variable. Of the network's settings,
+   /etc/resolv.conf goes in, and the certificate authorities this machine
+   trusts beyond Debian's (a network that intercepts TLS needs its own),
+   added with update-ca-certificates. PyPI and torch's indexes serve all;
    with --torch-from-pypi, PyPI alone (LLTM_TORCH_CPU_INDEX=pip and
    LLTM_TORCH_CUDA_INDEX=pip: pip there knows no index but PyPI), for
    machines that cannot reach torch's indexes.
@@ -49,6 +51,8 @@ CACHE = Path(os.environ.get("LLTM_FRESH_CACHE", Path.home() / ".cache" / "lltm" 
 USER, UID = "lltm", 1000
 HOME = f"/home/{USER}"
 CHECKOUT = f"{HOME}/lltm"
+# Certificate authorities of this machine's own, besides Debian's.
+LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 HOST = debian_root.Host("fresh")
 log = HOST.log
 
@@ -113,7 +117,10 @@ def unpack(tarball: Path) -> Path:
         HOST.as_root("rm", "-rf", "--one-file-system", root)
     HOST.as_root("mkdir", "-p", root)
     HOST.as_root("tar", "--extract", "--numeric-owner", "--file", tarball, "--directory", root)
-    # Names resolve as they do here; nothing else of this machine goes in.
+    # The network as this machine meets it: names resolve as they do here,
+    # and the certificate authorities this machine trusts beyond Debian's
+    # (a network that intercepts TLS has one) are trusted there too, added
+    # the Debian way. Nothing else of this machine goes in.
     HOST.as_root(
         "cp",
         "--dereference",
@@ -121,6 +128,14 @@ def unpack(tarball: Path) -> Path:
         "/etc/resolv.conf",
         root / "etc" / "resolv.conf",
     )
+    local_cas = sorted(LOCAL_CAS.glob("*.crt"))
+    if local_cas:
+        HOST.as_root("cp", *local_cas, root / LOCAL_CAS.relative_to("/"))
+        environment = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        debian_root.enter(HOST, root, ["update-ca-certificates"], environment=environment)
+    pip_config = ["etc/pip.conf", "etc/xdg/pip", f"{HOME}/.config/pip", f"{HOME}/.pip"]
+    found = [path for path in pip_config if (root / path.lstrip("/")).exists()]
+    assert not found, f"the system has pip configuration: {found}"
     head = _git("rev-parse", "HEAD")
     if _git("status", "--porcelain"):
         log(f"uncommitted changes are left out: the check runs the commit {head[:12]}")
