@@ -181,16 +181,17 @@ def as_user(root: Path, command: str, torch_from_pypi: bool) -> subprocess.Compl
 # --- 5. The verdict -----------------------------------------------------------------
 
 
-def bench_table(output: str) -> list[str] | None:
-    """The benchmark's table (its title line to the end), if it printed one
-    in which every case ran."""
+def bench_table(output: str) -> tuple[list[str], list[str]]:
+    """The benchmark's table (its title line to the end; empty if it printed
+    none), and its rows of cases that failed."""
     lines = output.splitlines()
     titles = [i for i, line in enumerate(lines) if re.match(r"\s*lltm \S+, torch \S+: ", line)]
-    if not titles:
-        return None
-    table = lines[titles[-1] :]
-    header = any("impl" in line and "speed-up" in line for line in table)
-    return table if header and not any("failed:" in line for line in table) else None
+    table = lines[titles[-1] :] if titles else []
+    # To the end of the benchmark's output, where nox's own lines start.
+    table = table[: next((i for i, line in enumerate(table) if line.startswith("nox > ")), None)]
+    if not any("impl" in line and "speed-up" in line for line in table):
+        return [], []
+    return table, [line for line in table if "failed:" in line]
 
 
 def stopped_for_prerequisites(output: str) -> list[str] | None:
@@ -243,17 +244,20 @@ def main() -> int:
         results.append((command, result, time.monotonic() - began))
 
     (_, bench_run, bench_s), (_, tests_run, tests_s) = results
-    table = bench_table(bench_run.stdout) if bench_run.returncode == 0 else None
+    table, failed = bench_table(bench_run.stdout)
+    bench_ok = bench_run.returncode == 0 and table and not failed
     lacks = None if tests_run.returncode == 0 else stopped_for_prerequisites(tests_run.stdout)
-    passed = table is not None and (tests_run.returncode == 0 or lacks is not None)
+    passed = bench_ok and (tests_run.returncode == 0 or lacks is not None)
 
     log("--- the README's quick start on a fresh Debian 12 ---")
-    if table is not None:
+    if bench_ok:
         log(f"{bench} -> exit 0 in {bench_s:.0f} s, its table:")
-        for line in table:
-            print(f"    {line}")
+    elif table:
+        log(f"{bench} -> FAILED (exit {bench_run.returncode}, {bench_s:.0f} s): a case failed:")
     else:
         log(f"{bench} -> FAILED (exit {bench_run.returncode}, {bench_s:.0f} s): no table")
+    for line in table:
+        print(f"    {line}")
     if tests_run.returncode == 0:
         log(f"{tests} -> passed in {tests_s:.0f} s")
     elif lacks is not None:
