@@ -200,11 +200,8 @@ def install_torch(
     # A folder per version and index: one version is a CPU build on one
     # index, a CUDA build on another. Where pip's configuration decides, the
     # version's own folder.
-    wheelhouse = TORCH_WHEELHOUSE / (
-        f"{version}-{re.sub(r'[^A-Za-z0-9.]+', '_', index[-1].split('://')[-1]).strip('_')}"
-        if index
-        else version
-    )
+    folder = torch_index.folder_name(build)
+    wheelhouse = TORCH_WHEELHOUSE / (f"{version}-{folder}" if folder else version)
     pip = [python, "-m", "pip"]
     # One torch wheel per CPython version; a marker per interpreter says the
     # wheelhouse holds everything it needs (pip's check alone takes ~30 s).
@@ -235,7 +232,7 @@ def install_torch(
     if found.split("+")[0] != version:
         session.error(f"torch {found} installed where torch {version} was asked for")
     kind = "CPU-only" if cuda == "None" else f"CUDA {cuda}"
-    session.log(f"torch {found} ({kind}), a {build} build from {torch_index.describe(build)}")
+    session.log(f"torch {found} ({kind}) from {torch_index.describe(build)}")
 
 
 # CPU wheels built by the sessions of this checkout, by what they were built

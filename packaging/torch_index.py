@@ -13,6 +13,7 @@ tests/test_fallback.py reads the same settings for the environments it makes.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 try:
@@ -45,4 +46,14 @@ def describe(build: str) -> str:
     """Where torch's ``build`` comes from, in words, for logs."""
     where = index(build)
     setting = VARIABLES[build]
-    return f"pip's own configuration ({setting}=pip)" if where == PIP_CONFIGURED else where
+    if where == PIP_CONFIGURED:
+        return f"pip's own configuration ({setting}=pip)"
+    return f"{where} ({setting})"
+
+
+def folder_name(build: str) -> str | None:
+    """A file name for the index of torch's ``build`` (None: pip's configuration)."""
+    where = index(build)
+    if where == PIP_CONFIGURED:
+        return None
+    return re.sub(r"[^A-Za-z0-9.]+", "_", where.split("://")[-1]).strip("_")
