@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -139,15 +140,19 @@ def unpack(tarball: Path) -> Path:
     head = _git("rev-parse", "HEAD")
     if _git("status", "--porcelain"):
         log(f"uncommitted changes are left out: the check runs the commit {head[:12]}")
-    checkout = root / CHECKOUT.lstrip("/")
-    # --no-local: files of the clone's own, not hard links to this
-    # repository's objects (chown would change those too).
-    HOST.as_root("git", "clone", "--quiet", "--no-local", ROOT, checkout)
+    # Cloned by this process's user (git refuses root a repository of
+    # another's), then moved in. --no-local: files of the clone's own, not
+    # hard links to this repository's objects (chown would change those too).
+    staging = CACHE / "clone"
+    shutil.rmtree(staging, ignore_errors=True)
+    HOST.run("git", "clone", "--quiet", "--no-local", ROOT, staging)
     cloned = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "HEAD"],
+        ["git", "-C", str(staging), "rev-parse", "HEAD"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert cloned == head, f"the clone is at {cloned}, this checkout at {head}"
+    checkout = root / CHECKOUT.lstrip("/")
+    HOST.as_root("mv", staging, checkout)
     HOST.as_root("chown", "-R", f"{UID}:{UID}", checkout)
     return root
 
