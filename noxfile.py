@@ -18,6 +18,10 @@ build (``cibuildwheel``). Knobs:
     LLTM_BUILD_TORCH   torch the CPU wheel of bench, fuzz, examples, ... is
                        built against (default: 2.13.0, the local CPU build)
     LLTM_CUDA_TORCH    CUDA build of torch for the CUDA variant (default: 2.14.1)
+    LLTM_TORCH_CPU_INDEX, LLTM_TORCH_CUDA_INDEX
+                       where the CPU-only and the CUDA builds of torch come
+                       from (defaults: torch's own indexes, pyproject.toml's
+                       [tool.lltm]; "pip": whatever pip is configured with)
     LLTM_NOX_DISPOSABLE=1  each session deletes its environments when it
                        passes (CI: a CUDA build of torch is ~6 GB installed,
                        and a run makes a dozen environments)
@@ -28,6 +32,10 @@ machine, a full product instead of the three pairs above:
     LLTM_NOX_PYTHONS   comma-separated Pythons   (default: 3.11; its first is
                        also the Python of the single sessions: lint, bench, ...)
     LLTM_NOX_TORCH     comma-separated torch versions
+
+A missing Python fails the sessions that need it, never skips them; the
+sessions of ``nox -t tests`` first check that every Python they need is
+installed (``pythons-*``), and stop there, naming the missing ones, if not.
 """
 
 from __future__ import annotations
@@ -50,8 +58,9 @@ ROOT = Path(__file__).parent.resolve()
 DIST = ROOT / "dist"
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 # The packaging checks are scripts of their own; the sessions share their
-# reading of the cibuildwheel configurations.
+# reading of the cibuildwheel configurations, and of where torch comes from.
 sys.path.insert(0, str(ROOT / "packaging"))
+import torch_index  # noqa: E402
 from cibw_config import CUDA_CONFIG as CIBW_CUDA_CONFIG  # noqa: E402
 from cibw_config import linux_options as _cibw_options  # noqa: E402
 
@@ -86,6 +95,9 @@ else:
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.sessions = ["lint", "tests", "compat"]
+# nox's own default skips a session whose Python is missing, and succeeds,
+# everywhere but on CI: a run that tested nothing would pass.
+nox.options.error_on_missing_interpreters = True
 
 
 def disposable(func: Callable[..., None]) -> Callable[..., None]:
@@ -106,6 +118,14 @@ def disposable(func: Callable[..., None]) -> Callable[..., None]:
 
 def _group(name: str) -> list[str]:
     return nox.project.dependency_groups(PYPROJECT, name)
+
+
+# setup.py's requirements besides torch: the build group, which the test
+# group includes, and build-system.requires say the same.
+BUILD_TOOLS = _group("build")
+assert sorted(BUILD_TOOLS) == sorted(r for r in BUILD_REQUIRES if not r.startswith("torch")), (
+    "pyproject.toml: the build dependency group and build-system.requires (torch aside) differ"
+)
 
 
 def _source_copy(session: nox.Session) -> Path:
@@ -153,12 +173,18 @@ def install_torch(
     session: nox.Session,
     version: str,
     *others: str,
+    build: str = "cpu",
     python: str = "python",
     env: dict[str, str] | None = None,
 ) -> None:
     """``torch==version``, then ``others`` beside it, into the session's
     environment or into the one whose interpreter is ``python``; fails unless
     that torch is what the environment has at the end.
+
+    ``build`` says which build of torch: "cpu", a CPU-only build, or "cuda",
+    a CUDA build, each from the index its setting names
+    (packaging/torch_index.py: LLTM_TORCH_CPU_INDEX, LLTM_TORCH_CUDA_INDEX,
+    pyproject.toml's [tool.lltm]). The log says which build came, from where.
 
     torch is pinned in every command, so that nothing installed later (lltm
     requires torch) replaces it: a pip configuration may cap torch below the
@@ -170,7 +196,12 @@ def install_torch(
     the files it lacks, then installs from it alone."""
     env = {**(env or {}), "PIP_CONSTRAINT": os.devnull}
     external = python != "python"
-    wheelhouse = str(TORCH_WHEELHOUSE / version)
+    index = torch_index.pip_args(build)
+    # A folder per version and index: one version is a CPU build on one
+    # index, a CUDA build on another. Where pip's configuration decides, the
+    # version's own folder.
+    folder = torch_index.folder_name(build)
+    wheelhouse = TORCH_WHEELHOUSE / (f"{version}-{folder}" if folder else version)
     pip = [python, "-m", "pip"]
     # One torch wheel per CPython version; a marker per interpreter says the
     # wheelhouse holds everything it needs (pip's check alone takes ~30 s).
@@ -178,28 +209,30 @@ def install_torch(
         python, "-c", "import sys; print(sys.implementation.cache_tag)",
         env=env, external=external, silent=True,
     ).strip()  # fmt: skip
-    complete = TORCH_WHEELHOUSE / version / f".complete-{tag}"
-    with _locked(TORCH_WHEELHOUSE / version / ".lock"):
+    complete = wheelhouse / f".complete-{tag}"
+    with _locked(wheelhouse / ".lock"):
         if not complete.exists():
             session.run(
-                *pip, "download", "--quiet", "--dest", wheelhouse, f"torch=={version}",
-                env=env, external=external,
+                *pip, "download", "--quiet", "--dest", str(wheelhouse), *index,
+                f"torch=={version}", env=env, external=external,
             )  # fmt: skip
             complete.touch()
         session.run(
-            *pip, "install", "--quiet", "--no-index", "--find-links", wheelhouse,
+            *pip, "install", "--quiet", "--no-index", "--find-links", str(wheelhouse),
             f"torch=={version}", env=env, external=external,
         )  # fmt: skip
     if others:
         session.run(
             *pip, "install", "--quiet", f"torch=={version}", *others, env=env, external=external
         )
-    found = session.run(
-        python, "-c", "import torch; print(torch.__version__)",
+    found, cuda = session.run(
+        python, "-c", "import torch; print(torch.__version__, torch.version.cuda)",
         env=env, external=external, silent=True,
-    ).split()[-1]  # fmt: skip
+    ).split()[-2:]  # fmt: skip
     if found.split("+")[0] != version:
         session.error(f"torch {found} installed where torch {version} was asked for")
+    kind = "CPU-only" if cuda == "None" else f"CUDA {cuda}"
+    session.log(f"torch {found} ({kind}) from {torch_index.describe(build)}")
 
 
 # CPU wheels built by the sessions of this checkout, by what they were built
@@ -234,7 +267,8 @@ def _repaired_wheels(session: nox.Session) -> Path:
 def _cpu_wheel_cache(session: nox.Session, torch_version: str, tree: Path) -> Path:
     """Where the CPU wheel built from ``tree`` against ``torch_version`` under
     the session's Python is kept."""
-    return WHEEL_CACHE / f"torch{torch_version}-py{session.python}-{_inputs_digest(tree)}"
+    python = session.python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    return WHEEL_CACHE / f"torch{torch_version}-py{python}-{_inputs_digest(tree)}"
 
 
 def _keep_cpu_wheel(cache: Path, wheel: Path) -> None:
@@ -249,7 +283,7 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
     """Builds one variant's wheel against ``torch_version`` into ``outdir``; a
     CPU wheel already built from the same inputs, torch and Python is reused.
     The session gets torch and the build requirements either way."""
-    install_torch(session, torch_version, *[r for r in BUILD_REQUIRES if not r.startswith("torch")])
+    install_torch(session, torch_version, *BUILD_TOOLS, build=variant)
     outdir.mkdir(parents=True, exist_ok=True)
     source = _source_copy(session)
     cache = None
@@ -280,7 +314,81 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
 TEST_WORKERS = ("-n", os.environ.get("LLTM_TEST_WORKERS", "auto"))
 
 
-@nox.session(tags=["tests"])
+# --- The Pythons of the test matrix ------------------------------------------
+# nox -t tests runs under several Pythons. Each of its sessions first requires
+# one of these checks, which stop the run at once, saying what is missing and
+# how to get it, where nox would otherwise fail a session in the middle of
+# the run (or, by its own default outside CI, skip it and succeed).
+
+# Which sessions of nox -t tests run under which Pythons.
+TESTS_PYTHONS = sorted({python for python, _ in TEST_MATRIX} | {PYTHONS[0]})  # tests, slow
+COMPAT_PYTHONS = sorted({OLDEST_PYTHON, NEWEST_PYTHON})
+
+
+def _find_python(version: str) -> str | None:
+    """The interpreter of Python ``version`` nox would use: found as nox finds
+    them (python-discovery: PATH, pyenv's active versions, uv's, the Windows
+    registry), or on PATH as python<version> by older nox."""
+    try:
+        from python_discovery import get_interpreter
+    except ImportError:
+        return shutil.which(f"python{version}")
+    found = get_interpreter(version)
+    return str(found.executable) if found is not None else None
+
+
+def _words(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else items[0]
+
+
+def _missing_pythons(needed: list[str], who: str) -> str | None:
+    """What to tell when a Python of ``needed`` is missing, else None."""
+    missing = [version for version in needed if _find_python(version) is None]
+    if not missing:
+        return None
+    every = sorted(set(TESTS_PYTHONS) | set(COMPAT_PYTHONS))
+    versions = " ".join(missing)
+    return (
+        f"this machine lacks Python {_words(missing)}, which {who} needs (nox -t tests runs "
+        f"under Python {_words(every)}). Install them with uv (uv python install {versions}) "
+        f"or pyenv (pyenv install {versions}, then list them in pyenv global or "
+        "PYENV_VERSION); LLTM_OLDEST_PYTHON, LLTM_NEWEST_PYTHON and LLTM_NOX_PYTHONS move "
+        "the matrix's Pythons (README.md, Quick start)"
+    )
+
+
+def _interpreter(session: nox.Session, version: str) -> str:
+    """Python ``version``'s interpreter, for an environment a session makes itself."""
+    found = _find_python(version)
+    if found is None:
+        session.error(_missing_pythons([version], f"nox -s {session.name}"))
+    return found
+
+
+@nox.session(python=False, name="pythons-tests")
+def pythons_tests(session: nox.Session) -> None:
+    """The Pythons nox -s tests and nox -s slow run under are installed."""
+    problem = _missing_pythons(TESTS_PYTHONS, "nox -s tests (and slow)")
+    if problem:
+        session.error(problem)
+    for version in TESTS_PYTHONS:
+        session.log(f"Python {version}: {_find_python(version)}")
+
+
+@nox.session(python=False, name="pythons-compat")
+def pythons_compat(session: nox.Session) -> None:
+    """The Pythons nox -s compat runs under are installed."""
+    problem = _missing_pythons(COMPAT_PYTHONS, "nox -s compat")
+    if problem:
+        session.error(problem)
+    for version in COMPAT_PYTHONS:
+        session.log(f"Python {version}: {_find_python(version)}")
+
+
+# --- The test suite ---------------------------------------------------------
+
+
+@nox.session(tags=["tests"], requires=["pythons-tests"])
 @nox.parametrize(("python", "torch"), TEST_MATRIX)
 @disposable
 def tests(session: nox.Session, torch: str) -> None:
@@ -311,7 +419,7 @@ def _runs_deploy_tests(python: object, torch: str) -> bool:
     return (str(python), torch) == DEPLOY_SESSION
 
 
-@nox.session(python=OLDEST_PYTHON, tags=["tests"])
+@nox.session(python=OLDEST_PYTHON, tags=["tests"], requires=["pythons-compat"])
 @disposable
 def compat(session: nox.Session) -> None:
     """One binary across both ranges, and the suite under the newest torch:
@@ -324,7 +432,7 @@ def compat(session: nox.Session) -> None:
     session.run("python", "-m", "lltm", "info")
     session.run("pytest", "-p", "no:cacheprovider", "tests/test_smoke.py")
     python, env = _fresh_env(
-        session, f"py{NEWEST_PYTHON}-venv", interpreter=f"python{NEWEST_PYTHON}"
+        session, f"py{NEWEST_PYTHON}-venv", interpreter=_interpreter(session, NEWEST_PYTHON)
     )
     install_torch(session, NEWEST_TORCH, str(wheel), *_group("test"), python=python, env=env)
     found = session.run(
@@ -410,9 +518,13 @@ def docs(session: nox.Session) -> None:
     session.run("pytest", "-p", "no:cacheprovider", "tests/test_docs.py", *session.posargs)
 
 
-@nox.session(python=PYTHONS[0])
+# The README's first command: it runs under the Python nox runs under, the
+# one every machine that runs nox has (with LLTM_NOX_PYTHONS, its first).
+@nox.session(python=PYTHONS[0] if "LLTM_NOX_PYTHONS" in os.environ else None)
 def bench(session: nox.Session) -> None:
     """The main job: ``python -m lltm bench`` (pass its flags after ``--``)."""
+    if session.python is None and sys.version_info < (3, 10):
+        session.error(f"lltm needs Python >= 3.10; nox runs under {sys.version.split()[0]}")
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     install_torch(session, BUILD_TORCH, str(wheel), *_group("bench"))
     session.run("python", "-m", "lltm", "bench", *session.posargs)
@@ -457,7 +569,7 @@ def _splice(text: str, name: str, content: str) -> str:
     return text[:start] + content.strip() + "\n" + text[stop:]
 
 
-@nox.session(python=PYTHONS[0], tags=["tests"])
+@nox.session(python=PYTHONS[0], tags=["tests"], requires=["pythons-tests"])
 @disposable
 def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
@@ -493,12 +605,27 @@ def aarch64(session: nox.Session) -> None:
     ``--`` go to pytest."""
     # setup.py runs here, with this torch's headers (the wheel links against
     # the root's arm64 torch of the same release).
-    install_torch(session, BUILD_TORCH, *[r for r in BUILD_REQUIRES if not r.startswith("torch")])
+    install_torch(session, BUILD_TORCH, *BUILD_TOOLS)
     wheels = Path(session.create_tmp()) / "wheels"
     session.run(
         "python", "packaging/emulated_aarch64.py", "--wheel-dir", str(wheels),
         *(["--", *session.posargs] if session.posargs else []),
     )  # fmt: skip
+
+
+@nox.session(python=False)
+def fresh(session: nox.Session) -> None:
+    """The README's quick start on a machine that is not ours
+    (packaging/fresh_machine.py; needs root or sudo, and downloads gigabytes):
+    a minimal Debian 12 root (mmdebstrap, cached in LLTM_FRESH_CACHE) with
+    Debian's python3 and the packages the README asks for, no pip
+    configuration, PyPI and torch's indexes its only sources; a clean clone of
+    this checkout's HEAD; the README's two commands, as written, as a user.
+    Passes when the benchmark prints its table and the test command passes or
+    stops at once saying what the machine lacks. ``-- --torch-from-pypi``:
+    torch from PyPI (LLTM_TORCH_CPU_INDEX=pip there), where torch's indexes
+    are out of reach."""
+    session.run(sys.executable, "packaging/fresh_machine.py", *session.posargs, external=True)
 
 
 # --- Wheels -----------------------------------------------------------------
@@ -534,9 +661,9 @@ def wheel(session: nox.Session) -> None:
         _dist_wheel(session, f"lltm_cuda*-{VERSION}-*.whl"),
     ]
     python, env = _fresh_env(session, "wheel-venv")
-    session.run(
-        python, "-m", "pip", "install", "--quiet", f"torch=={CUDA_TORCH}",
-        *map(str, wheels), *_group("test"), env=env, external=True,
+    install_torch(
+        session, CUDA_TORCH, *map(str, wheels), *_group("test"),
+        build="cuda", python=python, env=env,
     )  # fmt: skip
     _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, ROOT)
 
@@ -655,9 +782,7 @@ def cibuildwheel(session: nox.Session) -> None:
     session.run("python", "packaging/check_build_identifiers.py")
 
     # setup.py's C++ flags for each compiler, MSVC (the Windows wheel) included.
-    session.install(
-        f"torch=={BUILD_TORCH}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
-    )
+    install_torch(session, BUILD_TORCH, *BUILD_TOOLS)
     session.run("python", "packaging/check_build_flags.py")
 
     # Runner disk: the CUDA build installs two CUDA builds of torch in its
@@ -707,7 +832,7 @@ def cibuildwheel(session: nox.Session) -> None:
         ("test-venv", "python", CUDA_TORCH, ("cp310-manylinux_x86_64",)),
         (
             f"test-venv-torch{NEWEST_TORCH}",
-            f"python{NEWEST_PYTHON}",
+            _interpreter(session, NEWEST_PYTHON),
             NEWEST_TORCH,
             ("cp310-manylinux_x86_64", "cp314t-manylinux_x86_64"),
         ),
@@ -722,7 +847,9 @@ def cibuildwheel(session: nox.Session) -> None:
                 groups = [req for group in options.get("test-groups", []) for req in _group(group)]
                 requires = [*groups, *options.get("test-requires", [])]
                 wheel = str(repaired[variant])
-                install_torch(session, torch_version, wheel, *requires, python=python, env=env)
+                install_torch(
+                    session, torch_version, wheel, *requires, build="cuda", python=python, env=env
+                )
                 session.log(f"{config_file.name}: the test-command of {identifier}")
                 _run_test_command(session, options, env, ROOT)
         # One CUDA build of torch at a time on the disk.
@@ -733,9 +860,7 @@ def cibuildwheel(session: nox.Session) -> None:
 @disposable
 def sdist(session: nox.Session) -> None:
     """The sdist holds every file of csrc/, and a wheel built from it passes the smoke tests."""
-    session.install(
-        f"torch=={BUILD_TORCH}", *[r for r in BUILD_REQUIRES if not r.startswith("torch")]
-    )
+    install_torch(session, BUILD_TORCH, *BUILD_TOOLS)
     session.install("build", "twine")
     outdir = Path(session.create_tmp()) / "sdist"
     shutil.rmtree(outdir, ignore_errors=True)
@@ -774,10 +899,7 @@ def sdist(session: nox.Session) -> None:
         session.warn("the sdist's build inputs differ from the checkout's: its wheel is not reused")
     # ... and passes the smoke tests, from the sdist's own tests/, in a fresh environment.
     python, env = _fresh_env(session, "sdist-venv")
-    session.run(
-        python, "-m", "pip", "install", "--quiet", f"torch=={BUILD_TORCH}", str(wheel),
-        *_group("test"), env=env, external=True,
-    )  # fmt: skip
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"), python=python, env=env)
     _run_test_command(session, _cibw_options(ROOT / "pyproject.toml"), env, sources)
 
 

@@ -87,8 +87,8 @@ def check_nox_pythons(nox: list[str]) -> None:
                     sessions = nox_sessions(nox, args, run_env)
                     assert sessions, f"{where}: `nox {match.group(1)}` selects no session"
                     for session in sessions:
-                        python = session["python"]
-                        assert python is None or python in installed, (
+                        python = session["python"]  # None: nox's own; False: no environment
+                        assert python in (None, False) or python in installed, (
                             f"{where}: nox session {session['session']} runs on Python "
                             f"{python}, but the job installs {sorted(installed) or 'none'} "
                             "before it (actions/setup-python)"

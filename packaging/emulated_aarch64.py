@@ -45,7 +45,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,10 +52,12 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import debian_root
+import torch_index
+from debian_root import MIRROR, SUITE
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("LLTM_ARM64_CACHE", Path.home() / ".cache" / "lltm" / "arm64"))
-MIRROR = os.environ.get("LLTM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-SUITE = "bookworm"
 PYTHON = "3.11"  # bookworm's python3, and the cp311 of the wheels below
 TORCH = os.environ.get("LLTM_ARM64_TORCH", "2.13.0")
 TEST_REQUIREMENTS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "numpy"]
@@ -67,8 +68,6 @@ HOST_PACKAGES = {
     "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu",
     "clang++": "clang",
 }
-# mmdebstrap on Ubuntu checks Debian's signatures with this keyring.
-KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 QEMU_CPU = "neoverse-n1"
 # /proc/cpuinfo of a Neoverse N1, one entry per CPU (MIDR 0x413fd0c1).
 CPUINFO_ENTRY = """processor\t: {index}
@@ -167,23 +166,9 @@ COMPILERS = {
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 
 
-def log(message: str) -> None:
-    print(f"aarch64: {message}", flush=True)
-
-
-def run(*command: str | Path, **kwargs) -> subprocess.CompletedProcess:
-    command = [str(c) for c in command]
-    log("$ " + shlex.join(command))
-    return subprocess.run(command, check=True, **kwargs)
-
-
-def as_root(*command: str | Path, **kwargs) -> subprocess.CompletedProcess:
-    """A command that needs root: as is when this is root, else through sudo."""
-    if os.geteuid() == 0:
-        return run(*command, **kwargs)
-    if shutil.which("sudo") is None:
-        sys.exit("aarch64: needs root (or sudo) to install packages and enter the arm64 root")
-    return run("sudo", "--preserve-env=QEMU_CPU", *command, **kwargs)
+# sudo keeps QEMU_CPU: the emulated CPU of the programs run in the root.
+HOST = debian_root.Host("aarch64", preserve_env=["QEMU_CPU"])
+log, run, as_root = HOST.log, HOST.run, HOST.as_root
 
 
 # --- 1. Host tools -------------------------------------------------------------------
@@ -193,15 +178,7 @@ def host_tools() -> None:
     started = time.monotonic()
     if not sys.platform.startswith("linux"):
         sys.exit("aarch64: runs on Linux only (qemu user emulation, mmdebstrap)")
-    missing = [pkg for cmd, pkg in HOST_PACKAGES.items() if shutil.which(cmd) is None]
-    if not KEYRING.exists():
-        missing.append("debian-archive-keyring")
-    if missing:
-        if shutil.which("apt-get") is None:
-            sys.exit(f"aarch64: install {', '.join(missing)} (no apt-get here to do it)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        as_root("apt-get", "update", "-q", env=env)
-        as_root("apt-get", "install", "-y", "-q", "--no-install-recommends", *missing, env=env)
+    HOST.install_packages(HOST_PACKAGES)
     binfmt = Path("/proc/sys/fs/binfmt_misc")
     if not (binfmt / "register").exists():
         as_root("mount", "-t", "binfmt_misc", "binfmt_misc", binfmt)
@@ -242,6 +219,7 @@ def arm64_root() -> Path:
         "suite": SUITE,
         "mirror": MIRROR,
         "torch": TORCH,
+        "torch_index": torch_index.index("cpu"),
         "tests": TEST_REQUIREMENTS,
         "cpus": os.cpu_count(),
         "layout": 3,
@@ -256,10 +234,9 @@ def arm64_root() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
     # The packages' files only: python3 runs from them as they are.
-    as_root(
-        "mmdebstrap", "--quiet", "--mode=root", "--variant=extract", "--arch=arm64",
-        f"--keyring={KEYRING}", "--include=python3,python3-venv,coreutils,dash,libstdc++6",
-        SUITE, root, MIRROR,
+    debian_root.mmdebstrap(
+        HOST, root, arch="arm64", variant="extract",
+        include=["python3", "python3-venv", "coreutils", "dash", "libstdc++6"],
     )  # fmt: skip
     as_root("mkdir", "-p", root / "proc", root / "sys", root / "root", root / "opt")
     log(f"mmdebstrap: {time.monotonic() - started:.0f} s")
@@ -270,7 +247,12 @@ def arm64_root() -> Path:
     wheels = CACHE / "wheels"
     pip = [sys.executable, "-m", "pip"]
     requirements = [f"torch=={TORCH}", *TEST_REQUIREMENTS]
-    run(*pip, "download", "--quiet", "--dest", wheels, *_platform_args(), *requirements)
+    # torch's CPU build from where the nox sessions take it (LLTM_TORCH_CPU_INDEX).
+    run(
+        *pip, "download", "--quiet", "--dest", wheels, *_platform_args(),
+        *torch_index.pip_args("cpu"), f"torch=={TORCH}",
+    )  # fmt: skip
+    run(*pip, "download", "--quiet", "--dest", wheels, *_platform_args(), *TEST_REQUIREMENTS)
     log(f"downloaded: {time.monotonic() - started:.0f} s")
     as_root(
         *pip, "install", "--quiet", "--no-index", "--find-links", wheels, "--target",
@@ -298,9 +280,12 @@ def arm64_root() -> Path:
 
 def enter(root: Path, command: list[str], env: dict[str, str] | None = None) -> None:
     """`command` run in the arm64 root, on the emulated CPU, with /proc, /dev
-    and the CPU's description mounted in a mount namespace of its own (the
-    mounts go when it ends)."""
-    describe = "/var/lib/lltm-arm64"
+    and the CPU's description mounted (debian_root.enter)."""
+    describe = root / "var" / "lib" / "lltm-arm64"
+    os.environ["QEMU_CPU"] = QEMU_CPU
+    if not (describe / "cpuinfo").exists():  # while the root is made
+        debian_root.enter(HOST, root, command, dev=False)
+        return
     # QEMU_CPU again inside: qemu starts anew, from the program's environment,
     # for each program run there.
     environment = {
@@ -308,25 +293,10 @@ def enter(root: Path, command: list[str], env: dict[str, str] | None = None) -> 
         "HOME": "/root",
         "LANG": "C.UTF-8",
         "QEMU_CPU": QEMU_CPU,
+        **(env or {}),
     }
-    environment.update(env or {})
-    inner = " && ".join(
-        [
-            f"mount -t proc proc {root}/proc",
-            f"mount --rbind /dev {root}/dev",
-            f"mount --bind {root}{describe}/cpuinfo {root}/proc/cpuinfo",
-            f"mount --bind {root}{describe}/sys {root}/sys",
-            "exec chroot " + shlex.quote(str(root)) + " /usr/bin/env -i "
-            + " ".join(shlex.quote(f"{k}={v}") for k, v in environment.items())
-            + " " + shlex.join(command),
-        ]
-    )  # fmt: skip
-    if not (root / describe.lstrip("/") / "cpuinfo").exists():  # while the root is made
-        inner = f"mount -t proc proc {root}/proc && exec chroot {shlex.quote(str(root))} " + (
-            shlex.join(command)
-        )
-    os.environ["QEMU_CPU"] = QEMU_CPU
-    as_root("unshare", "--mount", "--fork", "sh", "-c", inner)
+    binds = [(describe / "cpuinfo", "/proc/cpuinfo"), (describe / "sys", "/sys")]
+    debian_root.enter(HOST, root, command, environment=environment, binds=binds)
 
 
 # --- 3. Both compilers, warnings as errors, NEON code -----------------------------------

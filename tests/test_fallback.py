@@ -27,9 +27,12 @@ that need the CUDA wheel need nvcc.
 Environments: one per torch build, cached in $LLTM_TEST_VENV_CACHE (default
 ~/.cache/lltm/test-venvs) since a CUDA torch is several GB, and never changed
 after they are made: each test gets a fresh virtual environment of its own
-that sees the cached torch (a .pth file) and installs lltm into itself. Each
-cached environment's torch build (version, CUDA or not) is checked, not
-assumed.
+that sees the cached torch (a .pth file) and installs lltm into itself. The
+CPU-only torch comes from the index $LLTM_TORCH_CPU_INDEX names, the CUDA
+torch from $LLTM_TORCH_CUDA_INDEX's (defaults: pyproject.toml's [tool.lltm],
+torch's own indexes; "pip": whatever pip is configured with), as in the nox
+sessions. Each cached environment's torch build (version, CUDA or not) is
+checked, not assumed.
 
 A missing prerequisite (nvcc, nm) skips the tests that need it, with the
 reason; with LLTM_TEST_REQUIRE_INSTALLS=1 (CI sets it) it fails them instead,
@@ -52,6 +55,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 from conftest import (
     ALL_GRADS,
     GRAD_NAMES,
@@ -191,17 +199,38 @@ def _torch_is(build: tuple[str, str | None], version: str, cuda_major: str | Non
     return cuda is None if cuda_major is None else (cuda or "").split(".")[0] == cuda_major
 
 
-def _cached_env(name: str, requirements: list[str], torch_version: str, cuda: str | None) -> Env:
-    """An environment holding ``requirements`` and nothing of lltm, made once.
+# Where each build of torch comes from: the variable, else pyproject.toml's
+# [tool.lltm] setting (packaging/torch_index.py reads the same for nox).
+TORCH_INDEX_VARIABLES = {"cpu": "LLTM_TORCH_CPU_INDEX", "cuda": "LLTM_TORCH_CUDA_INDEX"}
 
-    Whether reused or new, its torch must be ``torch_version`` and a CUDA
-    ``cuda`` build (None: CPU-only): an index serving another build, or a
-    stale cache, fails here rather than silently testing something else.
+
+def _torch_index(build: str) -> str:
+    """An index's URL, or "pip" (pip's own configuration), for torch's
+    ``build``: "cpu" (CPU-only) or "cuda"."""
+    value = os.environ.get(TORCH_INDEX_VARIABLES[build])
+    if value is None:
+        with (ROOT / "pyproject.toml").open("rb") as f:
+            value = tomllib.load(f)["tool"]["lltm"][f"torch-{build}-index"]
+    return value.strip()
+
+
+def _cached_env(name: str, torch_version: str, cuda: str | None) -> Env:
+    """An environment holding torch ``torch_version``, a CUDA ``cuda`` build
+    (None: CPU-only) from that build's index, and BUILD_REQUIREMENTS, and
+    nothing of lltm; made once.
+
+    Whether reused or new, its torch must be that build: an index serving
+    another build, or a stale cache, fails here rather than silently testing
+    something else.
     """
     root = Path(os.environ.get("LLTM_TEST_VENV_CACHE", Path.home() / ".cache/lltm/test-venvs"))
     env = Env(root / f"py{sys.version_info.major}.{sys.version_info.minor}-{name}-base")
     ready = env.path / "lltm-test-requirements.json"
     kind = f"CUDA {cuda}.x" if cuda else "CPU-only"
+    build = "cuda" if cuda else "cpu"
+    index = _torch_index(build)
+    torch_args = [f"torch=={torch_version}"] + ([] if index == "pip" else ["--index-url", index])
+    requirements = [*torch_args, *BUILD_REQUIREMENTS]
     reusable = ready.is_file() and json.loads(ready.read_text()) == requirements
     if reusable and _torch_is(env.torch_build(), torch_version, cuda):
         return env
@@ -209,11 +238,15 @@ def _cached_env(name: str, requirements: list[str], torch_version: str, cuda: st
     subprocess.run(
         [sys.executable, "-m", "venv", str(env.path)], check=True, timeout=COMMAND_TIMEOUT_S
     )
-    env.pip("install", *requirements)
-    build = env.torch_build()
-    assert _torch_is(build, torch_version, cuda), (
-        f"{env.path}: expected torch {torch_version} ({kind}), installed {build[0]} "
-        f"with torch.version.cuda={build[1]!r}: check the package index"
+    # torch from its index alone; the rest from pip's configuration, torch pinned.
+    env.pip("install", *torch_args)
+    env.pip("install", f"torch=={torch_version}", *BUILD_REQUIREMENTS)
+    found = env.torch_build()
+    where = f"pip's configuration ({TORCH_INDEX_VARIABLES[build]}=pip)" if index == "pip" else index
+    assert _torch_is(found, torch_version, cuda), (
+        f"{env.path}: expected torch {torch_version} ({kind}) from {where}, installed {found[0]} "
+        f"with torch.version.cuda={found[1]!r}: {TORCH_INDEX_VARIABLES[build]} names the index "
+        f"of torch's {kind} build"
     )
     ready.write_text(json.dumps(requirements))  # written last: marks a complete install
     return env
@@ -222,17 +255,13 @@ def _cached_env(name: str, requirements: list[str], torch_version: str, cuda: st
 @pytest.fixture(scope="session")
 def cpu_torch_env() -> Env:
     # Also the build environment of the CPU wheel.
-    return _cached_env(
-        f"torch{CPU_TORCH}", [f"torch=={CPU_TORCH}", *BUILD_REQUIREMENTS], CPU_TORCH, None
-    )
+    return _cached_env(f"torch{CPU_TORCH}", CPU_TORCH, None)
 
 
 @pytest.fixture(scope="session")
 def cuda_torch_env() -> Env:
     # Also the build environment of the CUDA wheel.
-    return _cached_env(
-        f"torch{CUDA_TORCH}", [f"torch=={CUDA_TORCH}", *BUILD_REQUIREMENTS], CUDA_TORCH, CUDA_MAJOR
-    )
+    return _cached_env(f"torch{CUDA_TORCH}", CUDA_TORCH, CUDA_MAJOR)
 
 
 def _fresh_env(base: Env, path: Path) -> Env:
