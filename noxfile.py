@@ -44,7 +44,6 @@ import contextlib
 import functools
 import hashlib
 import os
-import re
 import shutil
 import sys
 import tarfile
@@ -60,6 +59,7 @@ PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 # The packaging checks are scripts of their own; the sessions share their
 # reading of the cibuildwheel configurations, and of where torch comes from.
 sys.path.insert(0, str(ROOT / "packaging"))
+import project_facts  # noqa: E402
 import torch_index  # noqa: E402
 from cibw_config import CUDA_CONFIG as CIBW_CUDA_CONFIG  # noqa: E402
 from cibw_config import linux_options as _cibw_options  # noqa: E402
@@ -676,9 +676,7 @@ def wheel(session: nox.Session) -> None:
 # wheels.yml pins the cibuildwheel action to v3.2.1: the same version checks here.
 CIBUILDWHEEL = "cibuildwheel==3.2.1"
 WORKFLOWS = ROOT / ".github" / "workflows"
-VERSION = re.search(
-    r'__version__ = "([^"]+)"', (ROOT / "src" / "lltm" / "_version.py").read_text()
-).group(1)
+VERSION = project_facts.version()
 # Local stand-in for TORCH_CUDA_ARCH_LIST of the CUDA build when no wheel from
 # `nox -s build` is in dist/: one architecture (Hopper) keeps the build short.
 LOCAL_CUDA_ARCHS = os.environ.get("LLTM_LOCAL_CUDA_ARCH_LIST", "9.0")

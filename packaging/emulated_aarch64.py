@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import debian_root
+import project_facts
 import torch_index
 from debian_root import MIRROR, SUITE
 
@@ -305,9 +306,7 @@ def enter(root: Path, command: list[str], env: dict[str, str] | None = None) -> 
 def compile_check(root: Path) -> None:
     started = time.monotonic()
     torch_include = site_packages(root) / "torch" / "include"
-    version = re.search(
-        r'__version__ = "([^"]+)"', (ROOT / "src" / "lltm" / "_version.py").read_text()
-    ).group(1)
+    version = project_facts.version()
     target = re.search(r'^TORCH_TARGET_VERSION = "([^"]+)"', (ROOT / "setup.py").read_text(), re.M)
     flags = [
         "-O3", "-std=c++17", "-fPIC", *WARNINGS,

@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -72,7 +73,8 @@ from conftest import (
 from lltm import _backends, _composite
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/lltm/_version.py").read_text())[1]
+# The version of the sources the wheels are built from, as setup.py reads it.
+VERSION = runpy.run_path(str(ROOT / "src/lltm/_version.py"))["__version__"]
 CPU_TORCH = "2.13.0"  # a CPU-only build: what the CPU wheel is built with
 CUDA_TORCH = "2.14.1"  # a CUDA 13 build, also what the CUDA wheel is built with
 CUDA_MAJOR = "13"
@@ -550,7 +552,8 @@ def test_damaged_plugin_library_leaves_lltm_usable(cuda_env, cpu_wheel, cuda_whe
     # Imported directly, the plugin says the same instead of loading the file.
     direct = _run_python(cuda_env, f"import {plugin}")
     assert direct.returncode == 1, direct
-    assert "ImportError" in direct.stderr and "is damaged" in direct.stderr
+    # lltm._native.DamagedLibrary, an ImportError.
+    assert "DamagedLibrary" in direct.stderr and "is damaged" in direct.stderr
 
 
 @pytest.mark.slow
@@ -562,7 +565,7 @@ def test_damaged_lltm_library_raises_an_import_error(cpu_env, cpu_wheel, how):
     result = _run_python(cpu_env, "import lltm")
     # An exception, not a signal: SIGBUS would be -7 (exit status 135).
     assert result.returncode == 1, result
-    assert "ImportError: lltm: the installed library" in result.stderr
+    assert "DamagedLibrary: lltm: the installed library" in result.stderr
     assert DAMAGE[how] in result.stderr
     assert f"pip install --force-reinstall --no-deps 'lltm=={VERSION}'" in result.stderr
 
