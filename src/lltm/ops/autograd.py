@@ -144,6 +144,7 @@ def _tangents_possible() -> bool:
 
 _forward_kernel_call = _probes.direct(forward)
 _sequence_forward_kernel_call = _probes.direct(sequence_forward)
+_backward_kernel_call = _probes.direct(backward)
 
 
 class CellFunction(_probes.FunctionBase):
@@ -195,6 +196,24 @@ class CellFunction(_probes.FunctionBase):
         ctx: Any, grad_h: Tensor | None, grad_cell: Tensor | None, _grad_gates: None
     ) -> tuple[Tensor | None, ...]:
         """The gradients autograd asks for, from the backward operator."""
+        if not torch.is_grad_enabled():
+            # A plain backward (autograd runs it with grad mode off): nothing
+            # it computes is differentiated again, and no torch.func transform
+            # runs it (they run backward with grad mode on). Straight to the
+            # kernel, the common case spelled out.
+            input, weights, _bias, old_h, _old_cell, new_cell, gates = ctx.saved_tensors
+            if grad_h is None:
+                grad_h = torch.zeros_like(new_cell)
+            if grad_cell is None:
+                grad_cell = torch.zeros_like(new_cell)
+            try:
+                with below_autograd():
+                    return _backward_kernel_call(
+                        grad_h, grad_cell, new_cell, gates, input, old_h, weights,
+                        ctx.needs_input_grad,
+                    )  # fmt: skip
+            except (RuntimeError, ValueError) as error:
+                reraise(error)
         inputs, new_cell, gates, recomputed = CellFunction._activations(ctx)
         input, weights, _bias, old_h, _old_cell = inputs
         grad_h = torch.zeros_like(new_cell) if grad_h is None else grad_h
