@@ -148,17 +148,6 @@ def _find_and_load_plugin() -> PluginStatus:
     return _load_plugin(_plugin_for(torch_cuda))
 
 
-PLUGIN: PluginStatus = _find_and_load_plugin()
-if PLUGIN.module is not None and PLUGIN.fix is not None:
-    # A plugin is installed yet unusable or mismatched: say so once, at import.
-    warnings.warn(
-        f"lltm: CUDA kernels {'mismatched' if PLUGIN.loaded else 'unavailable'}: "
-        f"{PLUGIN.reason}. Fix: {PLUGIN.fix}",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-
-
 def has_native_kernel(device_type: str, op: str = "lltm::forward") -> bool:
     """True when a compiled lltm kernel is registered for ``device_type``."""
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type, device_type.upper())
@@ -291,3 +280,16 @@ def warning_first(kernel: Callable[..., Any]) -> Callable[..., Any]:
         return kernel(input, *args)
 
     return run
+
+
+# Last: importing the plugin imports lltm.ops, which registers the composite
+# kernels through warning_first above.
+PLUGIN: PluginStatus = _find_and_load_plugin()
+if PLUGIN.module is not None and PLUGIN.fix is not None:
+    # A plugin is installed yet unusable or mismatched: say so once, at import.
+    warnings.warn(
+        f"lltm: CUDA kernels {'mismatched' if PLUGIN.loaded else 'unavailable'}: "
+        f"{PLUGIN.reason}. Fix: {PLUGIN.fix}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
