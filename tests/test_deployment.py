@@ -1,6 +1,7 @@
 """The deployment product: every way of exporting every form of model, on
-every target, runs with eager's results, or is refused with lltm's
-ValueError when the program is made.
+every target, runs with eager's results. (What lltm refuses, a dynamic
+length and an unbounded batch size lowered for ExecuTorch, and the order of
+the lowering calls are test_executorch.py's.)
 
 Shapes: static, a dynamic length, a dynamic batch size, both. Forms (one
 program each, deploy_models.Zoo): the cell in a Python loop, one layer, two
@@ -12,8 +13,8 @@ nn.LSTM's zoo is the control, run the same way where torch can export it.
 
 The whole product takes minutes (each ExecuTorch lowering takes seconds): the
 tests marked ``deploy_full`` run in ``nox -s deploy`` (the GitHub workflow);
-the others, one combination per target and shape, in every run of the suite
-that has the deploy dependency group.
+the others, a representative part, in every run of the suite that has the
+deploy dependency group.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ _WHY = (
     "which executorch 1.5.1 is built for, and in nox -s deploy (pip install --group deploy)"
 )
 
-# Export at (steps, batch) = (3, 5), then run at these sizes. (torch.export
-# fixes the batch size of nn.LSTM's zoo exported with 2 sequences.)
+# Export at (steps, batch) = (3, 5), then run at these sizes. (Exported with
+# two sequences, nn.LSTM's zoo once came out of torch.onnx.export with a fixed
+# batch size.)
 BATCH, STEPS = Dim("batch", min=1, max=6), Dim("steps", min=1, max=12)
 SHAPES: dict[str, tuple[Dim | None, Dim | None, list[tuple[int, int]]]] = {
     "static": (None, None, [(3, 5)]),

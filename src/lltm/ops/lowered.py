@@ -7,20 +7,20 @@ Three forms of a sequence, for what its consumer runs best:
 
 * **Unrolled** (a length fixed at export, outside ONNX): the steps one after
   the other, each the cell's own product ``[h, x_t] @ weights.T + bias``, as
-  torch lowers nn.LSTM. ExecuTorch's XNNPACK backend takes every operator
-  (the product reads the weights as they are), and every output of every
-  step is at hand.
-* **Scanned**: the input projection of every step as one product ahead of
-  the recurrence, then the recurrence alone as torch's ``scan`` over the
-  steps (an ONNX Scan, an ExecuTorch loop), per step one product and the
-  pointwise math. A scan holds the length as data, so one program serves
-  every length. torch.onnx.export always gets this form: onnxruntime runs
-  its Scan faster than as many unrolled steps.
+  torch lowers nn.LSTM. ExecuTorch's XNNPACK partitioner takes every product
+  and activation (the product reads the weights as they are, which it
+  needs), and every output of every step is at hand.
+* **Scanned**: per gate, the input projection of every step as one product
+  ahead of the recurrence, then the recurrence alone as torch's ``scan``
+  over the steps (an ONNX Scan, an ExecuTorch loop), per step a product per
+  gate and the pointwise math. A scan holds the length as data, so one
+  program serves every length. torch.onnx.export always gets this form:
+  onnxruntime runs its Scan faster than as many unrolled steps.
 * **Scanned at the batch's bound** (a dynamic length and batch size, outside
-  ONNX): ExecuTorch's loops keep their carried state at one size, the
-  planned one, and cannot resize it; so the carried state has the batch
-  size's upper bound as its rows, and each step reads and writes the first
-  ``batch`` of them.
+  ONNX): ExecuTorch's loops keep their carried state, and their stacked
+  outputs, at the size planned for them and cannot resize them; so the
+  carried state has the batch size's upper bound as its rows, and each step
+  reads and writes the first ``batch`` of them.
 
 The ELU is written ``max(x, exp(min(x, 0)) - 1)``: ExecuTorch's XNNPACK
 partitioner (1.5) takes each of those operators but not ``elu``, and
