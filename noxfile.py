@@ -312,6 +312,9 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
 # tests are mostly single-threaded: Python, subprocesses, small tensors).
 # LLTM_TEST_WORKERS=0 runs them in pytest's own process.
 TEST_WORKERS = ("-n", os.environ.get("LLTM_TEST_WORKERS", "auto"))
+# The suite of the test sessions: not the slow tests (nox -s slow) nor the
+# whole deployment product (nox -s deploy).
+SUITE = "not slow and not deploy_full"
 
 
 # --- The Pythons of the test matrix ------------------------------------------
@@ -401,22 +404,38 @@ def tests(session: nox.Session, torch: str) -> None:
     session.run("python", "-m", "lltm", "info")
     if not deploy:
         session.log(DEPLOY_TESTS_ELSEWHERE)
-    session.run("pytest", *TEST_WORKERS, "-m", "not slow", *session.posargs)
+    session.run("pytest", *TEST_WORKERS, "-m", SUITE, *session.posargs)
 
 
-# The ONNX and ExecuTorch tests (tests/test_onnx.py, tests/test_executorch.py)
-# need the deploy group: about a GB and a minute to install, and executorch is
-# built for one torch. They run in one tests session; the others skip them.
+# The ONNX and ExecuTorch tests (tests/test_onnx.py, tests/test_executorch.py,
+# tests/test_deployment.py) need the deploy group: about a GB and a minute to
+# install, and executorch is built for one torch. They run in one tests
+# session (their representative part) and in nox -s deploy (all of them);
+# the other sessions skip them.
 DEPLOY_SESSION = (PYTHONS[0], BUILD_TORCH)
 DEPLOY_TESTS_ELSEWHERE = (
-    "tests/test_onnx.py and tests/test_executorch.py are skipped in this session: they run in "
-    f"tests(python='{DEPLOY_SESSION[0]}', torch='{DEPLOY_SESSION[1]}'), which installs the "
-    "deploy group"
+    "tests/test_onnx.py, tests/test_executorch.py and tests/test_deployment.py are skipped in "
+    f"this session: they run in tests(python='{DEPLOY_SESSION[0]}', "
+    f"torch='{DEPLOY_SESSION[1]}') and nox -s deploy, which install the deploy group"
 )
 
 
 def _runs_deploy_tests(python: object, torch: str) -> bool:
     return (str(python), torch) == DEPLOY_SESSION
+
+
+@nox.session(python=DEPLOY_SESSION[0])
+@disposable
+def deploy(session: nox.Session) -> None:
+    """The whole deployment product: every export shape of every model form
+    on ONNX, ExecuTorch and ExecuTorch's XNNPACK backend, beside nn.LSTM
+    (tests/test_deployment.py and the other tests marked deploy_full), under
+    the torch executorch is built for. Minutes: not part of ``nox -t
+    tests``, whose tests session of that torch runs a representative part."""
+    wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
+    install_torch(session, BUILD_TORCH, str(wheel), *_group("test"), *_group("deploy"))
+    session.run("python", "-m", "lltm", "info")
+    session.run("pytest", *TEST_WORKERS, "-m", "deploy_full", *session.posargs)
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"], requires=["pythons-compat"])
@@ -442,7 +461,7 @@ def compat(session: nox.Session) -> None:
     session.run(python, "-m", "lltm", "info", env=env, external=True)
     session.log(DEPLOY_TESTS_ELSEWHERE)
     session.run(
-        python, "-m", "pytest", *TEST_WORKERS, *(session.posargs or ["-m", "not slow"]),
+        python, "-m", "pytest", *TEST_WORKERS, *(session.posargs or ["-m", SUITE]),
         env=env, external=True,
     )  # fmt: skip
 

@@ -7,6 +7,9 @@ rest of the repository:
 * every job that runs nox installs the Python of each session it selects
   (the sessions and their Pythons are asked of noxfile.py itself, with the
   job's environment: nox on CI fails a session whose Python is missing);
+* the deployment tests run: some job runs ``nox -s deploy`` and the tests
+  session that installs the deploy group (the first Python of
+  LLTM_NOX_PYTHONS with the torch executorch is built for);
 * the pull-request path filters of wheels.yml and conda.yml select every
   file their builds and tests read, so that a change that breaks a platform
   build shows on the pull request rather than after the merge;
@@ -67,7 +70,9 @@ def nox_sessions(nox: list[str], args: list[str], env: dict[str, str]) -> list[d
     return json.loads(result.stdout)
 
 
-def check_nox_pythons(nox: list[str]) -> None:
+def check_nox_pythons(nox: list[str]) -> list[tuple[dict, dict[str, str]]]:
+    """Returns every session the workflows run, with the environment it runs in."""
+    ran: list[tuple[dict, dict[str, str]]] = []
     for name in sorted(p.name for p in gha.WORKFLOWS.glob("*.yml")):
         workflow = gha.load(name)
         for job_id, job, matrix, env in gha.runs(workflow):
@@ -86,6 +91,7 @@ def check_nox_pythons(nox: list[str]) -> None:
                     run_env = gha.step_env(step, matrix, env)
                     sessions = nox_sessions(nox, args, run_env)
                     assert sessions, f"{where}: `nox {match.group(1)}` selects no session"
+                    ran += [(session, run_env) for session in sessions]
                     for session in sessions:
                         python = session["python"]  # None: nox's own; False: no environment
                         assert python in (None, False) or python in installed, (
@@ -95,6 +101,24 @@ def check_nox_pythons(nox: list[str]) -> None:
                         )
                     pythons = sorted({s["python"] for s in sessions if s["python"]})
                     print(f"{where}: nox {' '.join(args)}: Python {', '.join(pythons)} installed")
+    return ran
+
+
+def check_deploy_tests(ran: list[tuple[dict, dict[str, str]]]) -> None:
+    names = {session["session"] for session, _ in ran}
+    assert "deploy" in names, "no workflow runs nox -s deploy (the whole deployment product)"
+    deploy_tests = set()
+    for session, env in ran:
+        python = env.get("LLTM_NOX_PYTHONS", "3.11").split(",")[0].strip()
+        torch = env.get("LLTM_BUILD_TORCH", project_facts.build_torch())
+        if session["session"] == f"tests(python='{python}', torch='{torch}')":
+            deploy_tests.add(session["session"])
+    assert deploy_tests, (
+        "no workflow runs the tests session that installs the deploy group (the first Python "
+        f"of LLTM_NOX_PYTHONS with torch {project_facts.build_torch()}): the ONNX and ExecuTorch "
+        "tests would run nowhere"
+    )
+    print(f"the deployment tests run in {', '.join(sorted(deploy_tests))} and deploy")
 
 
 def tracked_files() -> list[str]:
@@ -237,7 +261,7 @@ def main() -> int:
         help="the Python whose nox reads noxfile.py (default: this one)",
     )
     options = parser.parse_args()
-    check_nox_pythons([options.nox_python, "-m", "nox"])
+    check_deploy_tests(check_nox_pythons([options.nox_python, "-m", "nox"]))
     check_path_filters()
     check_cuda_wheels()
     return 0

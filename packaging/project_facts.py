@@ -1,5 +1,6 @@
 """Facts of the project the packaging checks compare against, read from the
-source (setup.py, src/lltm/_version.py) without importing or running it."""
+source (setup.py, src/lltm/_version.py, noxfile.py) without importing or
+running it."""
 
 from __future__ import annotations
 
@@ -24,3 +25,12 @@ def arch_lists() -> dict[int, str]:
         ):
             return ast.literal_eval(node.value)
     raise AssertionError("setup.py has no DEFAULT_ARCH_LIST")
+
+
+def build_torch() -> str:
+    """noxfile.py's default BUILD_TORCH: the torch executorch is built for, and
+    the one torch whose tests session installs the deploy group."""
+    text = (ROOT / "noxfile.py").read_text()
+    return re.search(
+        r'BUILD_TORCH = os\.environ\.get\("LLTM_BUILD_TORCH", "([^"]+)"\)', text
+    ).group(1)

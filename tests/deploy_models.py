@@ -194,3 +194,106 @@ def lltm_nodes(graph_module: torch.fx.GraphModule) -> list[str]:
         for node in module.graph.nodes
         if node.op == "call_function" and str(node.target).startswith("lltm.")
     ]
+
+
+# --- Every form side by side -------------------------------------------------------------
+
+
+FORMS = (
+    "one_layer",
+    "one_layer_state",
+    "layers_bidirectional_state",
+    "layers_batch_first",
+    "unbatched_bidirectional",
+    "unbatched_state",
+    "cell_loop",
+)
+"""The forms of Zoo: a layer without and with an initial state, two layers
+in both directions from one, two batch_first layers, unbatched in both
+directions and from a state, the cell stepped in a Python loop."""
+
+
+class Zoo(torch.nn.Module):
+    """Forms a deployed model holds the recurrence in (FORMS), side by side in
+    one program (exporting and lowering are most of a deployment test's time):
+    lltm's modules, or, as the control, torch's with the same arguments
+    (nn.LSTM, nn.LSTMCell).
+
+    Inputs (see :func:`zoo_inputs`): ``x`` (T, B, F), the same steps batch
+    first, and an initial state ``h_0``, ``c_0`` (4, B, S); outputs, each
+    form's (output, h_n, c_n) in the order of FORMS.
+    """
+
+    def __init__(self, kind: str, forms: tuple[str, ...]) -> None:
+        super().__init__()
+
+        def rnn(**kwargs: Any) -> torch.nn.Module:
+            if kind == "lltm":
+                return lltm.LLTMSequence(FEATURES, STATE, **kwargs)
+            return torch.nn.LSTM(FEATURES, STATE, **kwargs)
+
+        made = {
+            "one_layer": rnn,
+            "one_layer_state": rnn,
+            "layers_bidirectional_state": lambda: rnn(num_layers=2, bidirectional=True),
+            "layers_batch_first": lambda: rnn(num_layers=2, batch_first=True),
+            "unbatched_bidirectional": lambda: rnn(bidirectional=True),
+            "unbatched_state": rnn,
+            "cell_loop": lambda: (lltm.LLTM if kind == "lltm" else torch.nn.LSTMCell)(
+                FEATURES, STATE
+            ),
+        }
+        self.forms = [form for form in FORMS if form in forms]
+        self.models = torch.nn.ModuleDict({form: made[form]() for form in self.forms})
+
+    def forward(self, x: Tensor, x_batch_first: Tensor, h_0: Tensor, c_0: Tensor) -> list[Tensor]:
+        outputs: list[Tensor] = []
+        for form in self.forms:
+            model = self.models[form]
+            if form == "cell_loop":
+                h, c = h_0[0], c_0[0]
+                steps = []
+                for step in x.unbind(0):
+                    h, c = model(step, (h, c))
+                    steps.append(h)
+                outputs.extend((torch.stack(steps), h, c))
+                continue
+            output, (h_n, c_n) = model(*_arguments(form, x, x_batch_first, h_0, c_0))
+            outputs.extend((output, h_n, c_n))
+        return outputs
+
+
+def _arguments(form: str, x: Tensor, x_batch_first: Tensor, h_0: Tensor, c_0: Tensor) -> tuple:
+    """What Zoo passes the model of ``form``."""
+    if form == "one_layer":
+        return (x,)
+    if form == "one_layer_state":
+        return (x, (h_0[:1], c_0[:1]))
+    if form == "layers_bidirectional_state":
+        return (x, (h_0, c_0))
+    if form == "layers_batch_first":
+        return (x_batch_first,)
+    if form == "unbatched_bidirectional":
+        return (x[:, 0],)
+    return (x[:, 0], (h_0[:1, 0], c_0[:1, 0]))  # unbatched_state
+
+
+def zoo(kind: str, forms: tuple[str, ...] = FORMS, seed: int = 0) -> Zoo:
+    torch.manual_seed(seed)
+    return Zoo(kind, forms).eval()
+
+
+def zoo_inputs(steps: int, batch: int, seed: int = 0) -> tuple[Tensor, ...]:
+    g = torch.Generator().manual_seed(seed + 1000 * steps + batch)
+    x = torch.randn(steps, batch, FEATURES, generator=g)
+    x_batch_first = torch.randn(batch, steps, FEATURES, generator=g)
+    state = [torch.randn(4, batch, STATE, generator=g) for _ in range(2)]
+    return (x, x_batch_first, *state)
+
+
+def zoo_shapes(batch: Dim | None, steps: Dim | None) -> tuple[dict[int, Dim], ...]:
+    """dynamic_shapes of zoo_inputs for the dynamic sizes given (None: fixed)."""
+    x = {k: d for k, d in ((0, steps), (1, batch)) if d is not None}
+    x_batch_first = {k: d for k, d in ((0, batch), (1, steps)) if d is not None}
+    state = {1: batch} if batch is not None else {}
+    return (x, x_batch_first, state, dict(state))

@@ -16,6 +16,9 @@ the test matrix, so a release that moves one shows at once.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -277,7 +280,8 @@ _dispatch_keys = _probe(
     "dispatch_keys",
     "torch._C.DispatchKey",
     "2.0",
-    "autocast kernels only for the CPU and CUDA (the keys every torch has)",
+    "autocast kernels only for the CPU and CUDA (the keys every torch has); no Python "
+    "kernels (see python_kernels)",
 )
 
 
@@ -311,6 +315,111 @@ def direct(op: OpOverload[_Params, _Result]) -> Callable[_Params, _Result]:
     """
     call: Callable[_Params, _Result] = getattr(op, "_op", op)
     return call
+
+
+# --- Lowering to core ATen (ops/decompositions.py) ---------------------------------------
+
+
+def _imported(module: str, name: str) -> Any:
+    """``module``'s ``name`` (where a package's attribute hides its submodule), or None."""
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+scan_op: Any = _imported("torch._higher_order_ops.scan", "scan_op")
+PROBES["scan"] = Probe(
+    "scan",
+    "torch._higher_order_ops.scan.scan_op",
+    "2.10",
+    "a sequence whose length is dynamic cannot be lowered to core ATen (a ValueError says "
+    "so); a length fixed at export is unrolled",
+    scan_op is not None,
+)
+"""torch's scan operator (a prototype through 2.15): a loop over a dimension, carrying state."""
+
+PROBES["python_kernels"] = Probe(
+    "python_kernels",
+    "torch._ops.OpOverload.py_impl, .py_kernels, ._op_dk",
+    "2.0",
+    "lltm's forward operators are left out of torch.export's default decompositions: "
+    "run_decompositions() keeps them, and ONNX and ExecuTorch cannot lower a model holding lltm",
+    all(hasattr(torch.ops.aten.add.Tensor, name) for name in ("py_impl", "py_kernels", "_op_dk")),
+)
+
+
+def python_kernels() -> bool:
+    """Whether an operator can take Python kernels for the Python dispatcher."""
+    return _dispatch_keys is not None and PROBES["python_kernels"].found
+
+
+def add_python_kernel(op: Any, key: str, kernel: Callable[..., Any]) -> None:
+    """Registers ``kernel`` as ``op``'s Python kernel at dispatch key ``key`` (its name)."""
+    op.py_impl(getattr(_dispatch_keys, key))(kernel)
+
+
+def python_kernel(op: Any, key: str) -> Callable[..., Any] | None:
+    """``op``'s Python kernel at dispatch key ``key``, or None."""
+    kernel: Callable[..., Any] | None = op.py_kernels.get(getattr(_dispatch_keys, key))
+    return kernel
+
+
+def call_kernel(op: Any, key: str, *args: Any) -> Any:
+    """Calls ``op``'s kernel at dispatch key ``key`` as the dispatcher would resolve it."""
+    return op._op_dk(getattr(_dispatch_keys, key), *args)
+
+
+def dispatch_key_names(names: tuple[str, ...]) -> list[str]:
+    """Those of ``names`` that this torch has as dispatch keys."""
+    return [name for name in names if hasattr(_dispatch_keys, name)]
+
+
+PROBES["inductor_decompositions"] = Probe(
+    "inductor_decompositions",
+    "torch._inductor.decomposition.decompositions, .fast_random_decomps",
+    "2.0",
+    "lltm's entries stay in Inductor's tables, read only where Inductor was imported",
+    importlib.util.find_spec("torch._inductor") is not None,
+)
+
+
+def inductor_decomposition_tables() -> list[dict[Any, Any]]:
+    """Inductor's decomposition tables, where Inductor was imported (never imports it)."""
+    inductor = sys.modules.get("torch._inductor.decomposition")
+    if inductor is None:
+        return []
+    tables = [getattr(inductor, "decompositions", {})]
+    fast_random = getattr(inductor, "fast_random_decomps", None)
+    if fast_random is not None:
+        tables.append(fast_random())
+    return tables
+
+
+# A traced size's ShapeEnv exists only once torch.fx.experimental.symbolic_shapes
+# is imported (it imports sympy): the method is read from the instance at hand,
+# and the probe only asks whether this torch has the module.
+PROBES["symbolic_upper_bound"] = Probe(
+    "symbolic_upper_bound",
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv.bound_sympy",
+    "2.1",
+    "the upper bounds of traced sizes are taken as unknown: lowering a sequence whose length "
+    "and batch size are both dynamic raises a ValueError (torch.onnx.export needs no bound)",
+    importlib.util.find_spec("torch.fx.experimental.symbolic_shapes") is not None,
+)
+
+
+def upper_bound(size: Any) -> int | None:
+    """The largest value a size of the program being traced can take; None if unbounded."""
+    if isinstance(size, int):
+        return size
+    node: Any = getattr(size, "node", None)
+    bound_sympy = getattr(getattr(node, "shape_env", None), "bound_sympy", None)
+    if bound_sympy is None:
+        return None
+    upper = bound_sympy(node.expr).upper
+    # A sympy Integer, or an infinity (which sympy also calls an integer).
+    return int(upper) if getattr(upper, "is_Integer", False) else None
 
 
 # --- The report ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import _C, _backends
+from . import _C, _backends, _probes
 from ._version import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -147,6 +147,8 @@ def collect() -> dict[str, Any]:
         "kernels": devices,
         "cpu_isa": cpu_isa,
         "cpu_isa_error": cpu_isa_error,
+        # The private torch names lltm reads that this torch lacks (lltm/_probes.py).
+        "torch_internals_missing": list(_probes.MISSING),
         "cuda_plugin": _backends.PLUGIN.module,
         "cuda_kernels_active": cuda_ok,
         "cuda_status": cuda_why,
@@ -182,6 +184,12 @@ def render(info: dict[str, Any]) -> str:
         ("CPU threads", str(info["cpu_threads"])),
         *((f"kernel [{dev}]", how) for dev, how in info["kernels"].items()),
         ("CPU instruction set", info["cpu_isa"] or f"none: {info['cpu_isa_error']}"),
+        (
+            "torch internals",
+            "all found"
+            if not info["torch_internals_missing"]
+            else "missing: " + ", ".join(info["torch_internals_missing"]) + " (slower fallbacks)",
+        ),
         ("CUDA plugin", info["cuda_plugin"] or "not installed"),
         (
             "CUDA kernels",

@@ -1,0 +1,287 @@
+"""lltm's forward operators as core ATen: the graphs ONNX and ExecuTorch run.
+
+Each computes what the kernels compute, every output in the input's type:
+products and pointwise math in the math type (float32 for 16-bit inputs),
+pre-activations rounded once to the input's type, the state carried in it.
+Three forms of a sequence, for what its consumer runs best:
+
+* **Unrolled** (a length fixed at export, outside ONNX): the steps one after
+  the other, each the cell's own product ``[h, x_t] @ weights.T + bias``, as
+  torch lowers nn.LSTM. ExecuTorch's XNNPACK partitioner takes every product
+  and activation (the product reads the weights as they are, which it
+  needs), and every output of every step is at hand.
+* **Scanned**: per gate, the input projection of every step as one product
+  ahead of the recurrence, then the recurrence alone as torch's ``scan``
+  over the steps (an ONNX Scan, an ExecuTorch loop), per step a product per
+  gate and the pointwise math. A scan holds the length as data, so one
+  program serves every length. torch.onnx.export always gets this form:
+  onnxruntime runs its Scan faster than as many unrolled steps.
+* **Scanned at the batch's bound** (a dynamic length and batch size, outside
+  ONNX): ExecuTorch's loops keep their carried state, and their stacked
+  outputs, at the size planned for them and cannot resize them; so the
+  carried state has the batch size's upper bound as its rows, and each step
+  reads and writes the first ``batch`` of them.
+
+The ELU is written ``max(x, exp(min(x, 0)) - 1)``: ExecuTorch's XNNPACK
+partitioner (1.5) takes each of those operators but not ``elu``, and
+onnxruntime runs them in half the time of its ``Elu``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import _probes
+from .._checks import check_forward_args, check_sequence_args
+from .._composite import gate_slices, math_type
+
+Outputs = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+def cell(
+    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``lltm::forward``: (new_h, new_cell, gates)."""
+    check_forward_args(input, weights, bias, old_h, old_cell)
+    dtype, math = input.dtype, math_type(input)
+    pre = _product(torch.cat([old_h, input], dim=1), weights, bias, math, dtype)
+    new_h, new_cell, gates = _step(pre, old_cell, math, dtype)
+    return new_h, new_cell, gates
+
+
+def sequence(
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor | None,
+    old_h: Tensor,
+    old_cell: Tensor,
+    reverse: bool,
+    for_onnx: bool,
+) -> Outputs:
+    """``lltm::sequence_forward`` of a padded batch: (output, h_n, c_n, gates, cells).
+
+    ``for_onnx``: the program is being exported to ONNX (any shape scans).
+    """
+    n = check_sequence_args(input, weights, bias, old_h, old_cell, None)
+    fixed_length = isinstance(n.steps, int)
+    if n.steps == 0 or (fixed_length and not for_onnx) or _probes.scan_op is None:
+        if not fixed_length:
+            raise ValueError(
+                "lltm: this torch has no scan operator (torch._higher_order_ops.scan), which "
+                "lowering an LLTM sequence with a dynamic length needs; export it with a fixed "
+                "length"
+            )
+        return _unrolled(input, weights, bias, old_h, old_cell, reverse)
+    bound = None
+    if not (for_onnx or isinstance(n.batch, int)):
+        bound = _probes.upper_bound(n.batch)
+        if bound is None:
+            raise ValueError(
+                "lltm: lowering an LLTM sequence whose length and batch size are both dynamic "
+                "(run_decompositions(), ExecuTorch's to_edge) needs an upper bound for the batch "
+                "size: ExecuTorch's loops keep their state at a size fixed when the program is "
+                "planned, so the lowered loop keeps it at the bound. Export with "
+                "torch.export.Dim('batch', max=...) (torch.onnx.export needs no bound)"
+            )
+    return _scanned(input, weights, bias, old_h, old_cell, reverse, bound)
+
+
+def _product(
+    rows: Tensor, weights: Tensor, bias: Tensor | None, math: torch.dtype, dtype: torch.dtype
+) -> Tensor:
+    """``rows @ weights.T + bias`` in the math type, rounded once to ``dtype``."""
+    if math != dtype:
+        rows, weights = rows.to(math), weights.to(math)
+        bias = None if bias is None else bias.to(math)
+    return _rounded(F.linear(rows, weights, bias), dtype)
+
+
+def _rounded(pre: Tensor, dtype: torch.dtype) -> Tensor:
+    """Pre-activations of a 16-bit input, rounded once to it as the kernels round them.
+
+    They are computed in float32; pre-activations of other inputs are
+    returned unchanged.
+    """
+    return pre if pre.dtype == dtype else pre.to(dtype).to(pre.dtype)
+
+
+def _elu(x: Tensor) -> Tensor:
+    """ELU: ``x`` where positive, ``exp(x) - 1`` elsewhere (``exp(x) - 1 >= x`` always)."""
+    return torch.maximum(x, torch.exp(torch.clamp(x, max=0.0)) - 1)
+
+
+def _update(
+    pre_i: Tensor, pre_o: Tensor, pre_g: Tensor, old_cell: Tensor, math: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The pointwise part of a step, in the math type: (new_h, new_cell, i, o).
+
+    In the kernels' order (_composite.step_forward): the cell's increment
+    is elu(g) * i, and tanh reads the cell before its rounding.
+    """
+    i, o = torch.sigmoid(pre_i), torch.sigmoid(pre_o)
+    new_cell = old_cell.to(math) + _elu(pre_g) * i
+    return torch.tanh(new_cell) * o, new_cell, i, o
+
+
+def _step(
+    pre: Tensor, old_cell: Tensor, math: torch.dtype, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A step from its pre-activations: (new_h, new_cell, gates), in ``dtype``.
+
+    The gates come apart by slices: lowered for ExecuTorch (1.5), a split of a
+    tensor whose batch size is dynamic fixes that size, and XNNPACK takes
+    slices but not a split.
+    """
+    pre_i, pre_o, pre_g = gate_slices(pre)
+    new_h, new_cell, i, o = _update(pre_i, pre_o, pre_g, old_cell, math)
+    # The layout of every kernel's `gates`: activated input and output gates,
+    # the candidate's pre-activation.
+    gates = torch.cat([i, o, pre_g], dim=-1).to(dtype)
+    return new_h.to(dtype), new_cell.to(dtype), gates
+
+
+def _unrolled(
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor | None,
+    old_h: Tensor,
+    old_cell: Tensor,
+    reverse: bool,
+) -> Outputs:
+    """The steps one after the other, for a length fixed at export."""
+    steps, dtype, math = input.shape[0], input.dtype, math_type(input)
+    if steps == 0:
+        empty = old_h.new_empty((0, *old_h.shape))
+        no_gates = old_h.new_empty((0, old_h.shape[0], 3 * old_h.shape[1]))
+        return empty, old_h.clone(), old_cell.clone(), no_gates, empty.clone()
+    if math != dtype:  # cast once, not at every step
+        weights = weights.to(math)
+        bias = None if bias is None else bias.to(math)
+    h, c = old_h, old_cell
+    outputs, cells, gates = [old_h] * steps, [old_cell] * steps, [old_h] * steps
+    for t in range(steps - 1, -1, -1) if reverse else range(steps):
+        pre = _product(torch.cat([h, input[t]], dim=1), weights, bias, math, dtype)
+        h, c, step_gates = _step(pre, c, math, dtype)
+        outputs[t], cells[t], gates[t] = h, c, step_gates
+    return torch.stack(outputs), h, c, torch.stack(gates), torch.stack(cells)
+
+
+def _scanned(
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor | None,
+    old_h: Tensor,
+    old_cell: Tensor,
+    reverse: bool,
+    bound: int | None,
+) -> Outputs:
+    """The steps as one scan: any number of steps.
+
+    ``bound``: the carried state's rows, the batch size's upper bound (None:
+    the batch size).
+    """
+    dtype, math = input.dtype, math_type(input)
+    batch, state = old_h.shape
+    if math != dtype:
+        input, weights = input.to(math), weights.to(math)
+        bias = None if bias is None else bias.to(math)
+    # Per gate, every step's input projection in one product ahead of the
+    # recurrence, and the recurrent weights. Three products a step rather
+    # than one and a split: onnxruntime fuses each with its activation, and
+    # runs the step a twentieth faster.
+    gate_rows = [slice(k * state, (k + 1) * state) for k in range(3)]
+    projected = [
+        F.linear(input, weights[rows, state:], None if bias is None else bias[rows])
+        for rows in gate_rows
+    ]
+    # Copies, not views: a scan's inputs may not alias each other.
+    recurrent = [weights[rows, :state].t().contiguous() for rows in gate_rows]
+    # The cells are the carried state. Rounded to a 16-bit type at every
+    # step, they come out of the loop; otherwise they are the running sum
+    # of the increments, rebuilt after it (a program that does not use them
+    # drops that). With a bound, ExecuTorch needs every output of the loop
+    # at it: they come out of the loop too.
+    cells_out = bound is not None or math != dtype
+    # With a bound, the carried state has `bound` rows and the batch's are the
+    # first `batch`: read and written through their indices, so that the loop
+    # holds no arithmetic on sizes (which torch's scan cannot retrace).
+    rows: tuple[Tensor, ...] = () if bound is None else (_row_indices(batch, state, old_h.device),)
+
+    def step(h: Tensor, c: Tensor, *xs_and_more: Tensor) -> tuple[Tensor, ...]:
+        x_i, x_o, x_g, w_i, w_o, w_g, *index = xs_and_more
+        carried_h, carried_c = h, c
+        if index:
+            h, c = h.gather(0, index[0]), c.gather(0, index[0])
+        h = h.to(math)
+        pre_i, pre_o, pre_g = (
+            _rounded(torch.mm(h, w) + x, dtype) for x, w in ((x_i, w_i), (x_o, w_o), (x_g, w_g))
+        )
+        new_h, new_cell, _, _ = _update(pre_i, pre_o, pre_g, c, math)
+        new_h, new_cell = new_h.to(dtype), new_cell.to(dtype)
+        if index:
+            new_h = carried_h.scatter(0, index[0], new_h)
+            new_cell = carried_c.scatter(0, index[0], new_cell)
+        # A scan's outputs may not alias its carried state: copies of it.
+        return new_h, new_cell, new_h.clone(), *((new_cell.clone(),) if cells_out else ())
+
+    if bound is None:
+        h_0, c_0 = old_h.clone(), old_cell.clone()
+    else:
+        h_0, c_0 = _padded(old_h, bound, rows[0]), _padded(old_cell, bound, rows[0])
+    xs = [x.flip(0) for x in projected] if reverse else projected
+    h_n, c_n, output, *cells = _probes.scan_op(step, [h_0, c_0], xs, (*recurrent, *rows))
+    if bound is not None:
+        # Selected rather than sliced: export would assume a slice's end is
+        # not the bound (a view of less than the whole).
+        batch_rows = torch.arange(batch, device=old_h.device)
+        h_n, c_n = h_n.index_select(0, batch_rows), c_n.index_select(0, batch_rows)
+        output, cells = output.index_select(1, batch_rows), [cells[0].index_select(1, batch_rows)]
+    if reverse:
+        output, cells = output.flip(0), [c.flip(0) for c in cells]
+    gates, increments = _gates(projected, recurrent, output, old_h, reverse, dtype)
+    if not cells:
+        # The kernels' running sum, in their order: c_0 + inc_1, then + inc_2, ...
+        ordered = increments.flip(0) if reverse else increments
+        summed = torch.cat([old_cell.unsqueeze(0), ordered]).cumsum(0)[1:]
+        cells = [summed.flip(0) if reverse else summed]
+    return output, h_n, c_n, gates, cells[0]
+
+
+def _row_indices(batch: int, state: int, device: torch.device) -> Tensor:
+    """(batch, state) indices of the first ``batch`` rows, for gather and scatter."""
+    rows = torch.arange(batch, device=device).unsqueeze(1)
+    return rows.expand(batch, state).contiguous()  # ExecuTorch takes no zero strides
+
+
+def _padded(rows: Tensor, bound: int, index: Tensor) -> Tensor:
+    """``rows`` as the first rows of ``bound`` rows, zeros after them."""
+    return rows.new_zeros((bound, rows.shape[1])).scatter(0, index, rows)
+
+
+def _gates(
+    projected: list[Tensor],
+    recurrent: list[Tensor],
+    output: Tensor,
+    old_h: Tensor,
+    reverse: bool,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """Every step's gates and cell increments, rebuilt after the recurrence.
+
+    From its outputs: the state each step read is the output of the step
+    before it. Only backward reads the gates: a program that does not use
+    them drops this.
+    """
+    math = projected[0].dtype
+    first = old_h.unsqueeze(0)
+    h_prev = (torch.cat([output[1:], first]) if reverse else torch.cat([first, output[:-1]])).to(
+        math
+    )
+    pre_i, pre_o, pre_g = (
+        _rounded(x + torch.matmul(h_prev, w), dtype)
+        for x, w in zip(projected, recurrent, strict=True)
+    )
+    i, o = torch.sigmoid(pre_i), torch.sigmoid(pre_o)
+    return torch.cat([i, o, pre_g], dim=-1).to(dtype), _elu(pre_g) * i
