@@ -281,4 +281,4 @@ def test_a_packed_operator_call_cannot_be_lowered():
     data, sizes = torch.randn(6, 4), torch.tensor([3, 2, 1])
     weights, bias, h, c = torch.randn(18, 10), torch.randn(18), torch.randn(3, 6), torch.randn(3, 6)
     with pytest.raises(ValueError, match=r"lltm: a packed sequence .* cannot be lowered"):
-        decompositions._sequence(data, weights, bias, h, c, sizes, False)
+        decompositions.sequence(data, weights, bias, h, c, sizes, False)
