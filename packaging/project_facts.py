@@ -5,6 +5,7 @@ running it."""
 from __future__ import annotations
 
 import ast
+import re
 import runpy
 from pathlib import Path
 
