@@ -671,7 +671,9 @@ def test_console_script_of_an_installed_wheel(cpu_env, cpu_wheel):
             "bench", *tiny, "--device", "cpu", "--impl", "lltm", "--json", "-", executable=script
         )
     )
-    assert [row["impl"] for row in report["results"]] == ["reference", "lltm"]
+    assert [(row["loss"], row["impl"]) for row in report["results"]] == [
+        ("sum", "reference"), ("sum", "lltm"), ("dense", "reference"), ("dense", "lltm"),
+    ]  # fmt: skip
     assert all(row["error"] is None for row in report["results"])
     sequence = json.loads(
         cpu_env.run(
@@ -679,4 +681,7 @@ def test_console_script_of_an_installed_wheel(cpu_env, cpu_wheel):
             executable=script,
         )
     )  # fmt: skip
-    assert [row["impl"] for row in sequence["results"]] == ["reference-loop", "lltm-sequence"]
+    assert [(row["loss"], row["impl"]) for row in sequence["results"]] == [
+        ("sum", "reference-loop"), ("sum", "lltm-sequence"),
+        ("dense", "reference-loop"), ("dense", "lltm-sequence"),
+    ]  # fmt: skip

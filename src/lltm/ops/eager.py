@@ -86,6 +86,18 @@ def _composite_call(kernel: Any, args: tuple[Any, ...]) -> Any:
     return kernel(*args)
 
 
+def _traced_call(op: Any, composite: Any, args: tuple[Any, ...]) -> Any:
+    """The operator (or the composite kernel) as torch.compile traces it: with no handler around.
+
+    Under tracing the meta kernels raise the documented exception types
+    themselves. And from torch 2.15 an exception that traced code catches
+    becomes an ``Unsupported`` error that no longer carries it.
+    """
+    if not _fused(args[0]):
+        return _composite_call(composite, args)
+    return op(*args)
+
+
 def cell(
     input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -103,6 +115,9 @@ def cell(
         # raised inside an exception handler as graph breaks. Spelled out, not
         # looped: this runs on every step.)
         check_forward_args(*args)  # a TypeError naming it
+    if torch.compiler.is_compiling():
+        new_h, new_cell, _gates = _traced_call(forward, _composite.forward, args)
+        return new_h, new_cell
     try:
         if not _fused(input):
             new_h, new_cell, _gates = _composite_call(_composite.forward, args)
@@ -135,6 +150,8 @@ def sequence(
     Dispatched like :func:`cell`.
     """
     args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+    if torch.compiler.is_compiling():
+        return _traced_call(sequence_forward, _composite.sequence_forward, args)[:3]  # type: ignore[no-any-return]
     try:
         if not _fused(input):
             return _composite_call(_composite.sequence_forward, args)[:3]  # type: ignore[no-any-return]
