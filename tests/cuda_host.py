@@ -137,7 +137,8 @@ def modules() -> tuple[_native.CudaLibrary, ModuleType]:
     for op in OPS:
         autograd.impl(op, torch.library.fallthrough_kernel, "Autograd")
     _keep.append(autograd)
-    return _native.CudaLibrary(library), _module("emulation", library)
+    # Built here, never installed: no installer's record to check it against.
+    return _native.CudaLibrary(library, NAMESPACE), _module("emulation", library)
 
 
 # Registrations that last as long as the process.
