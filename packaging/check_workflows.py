@@ -107,15 +107,17 @@ def check_nox_pythons(nox: list[str]) -> list[tuple[dict, dict[str, str]]]:
 def check_deploy_tests(ran: list[tuple[dict, dict[str, str]]]) -> None:
     names = {session["session"] for session, _ in ran}
     assert "deploy" in names, "no workflow runs nox -s deploy (the whole deployment product)"
+    pythons = project_facts.nox_default("LLTM_NOX_PYTHONS")
+    build_torch = project_facts.nox_default("LLTM_BUILD_TORCH")
     deploy_tests = set()
     for session, env in ran:
-        python = env.get("LLTM_NOX_PYTHONS", "3.11").split(",")[0].strip()
-        torch = env.get("LLTM_BUILD_TORCH", project_facts.build_torch())
+        python = env.get("LLTM_NOX_PYTHONS", pythons).split(",")[0].strip()
+        torch = env.get("LLTM_BUILD_TORCH", build_torch)
         if session["session"] == f"tests(python='{python}', torch='{torch}')":
             deploy_tests.add(session["session"])
     assert deploy_tests, (
         "no workflow runs the tests session that installs the deploy group (the first Python "
-        f"of LLTM_NOX_PYTHONS with torch {project_facts.build_torch()}): the ONNX and ExecuTorch "
+        f"of LLTM_NOX_PYTHONS with torch {build_torch}): the ONNX and ExecuTorch "
         "tests would run nowhere"
     )
     print(f"the deployment tests run in {', '.join(sorted(deploy_tests))} and deploy")

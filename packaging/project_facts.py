@@ -28,10 +28,12 @@ def arch_lists() -> dict[int, str]:
     raise AssertionError("setup.py has no DEFAULT_ARCH_LIST")
 
 
-def build_torch() -> str:
-    """noxfile.py's default BUILD_TORCH: the torch executorch is built for, and
-    the one torch whose tests session installs the deploy group."""
+def nox_default(variable: str) -> str:
+    """The value noxfile.py takes where environment variable ``variable`` is unset
+    (its ``os.environ.get`` or ``_env_list`` default), e.g. LLTM_BUILD_TORCH: the
+    torch executorch is built for."""
     text = (ROOT / "noxfile.py").read_text()
-    return re.search(
-        r'BUILD_TORCH = os\.environ\.get\("LLTM_BUILD_TORCH", "([^"]+)"\)', text
-    ).group(1)
+    found = re.search(rf'\(\s*"{re.escape(variable)}",\s*"([^"]*)"\s*\)', text)
+    if found is None:
+        raise AssertionError(f"noxfile.py gives {variable} no default")
+    return found.group(1)

@@ -1,5 +1,6 @@
 """Models holding lltm as a deployed model holds them, with seeded inputs:
-shared by test_decompositions.py, test_onnx.py and test_executorch.py.
+shared by test_decompositions.py, test_onnx.py, test_executorch.py and
+test_deployment.py.
 
 Each case is every public way in: the cell alone and stepped in a Python loop,
 ``LLTMSequence`` with layers, both directions, ``batch_first``, an unbatched
@@ -78,7 +79,7 @@ class Packed(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.rnn = lltm.LLTMSequence(4, 6)
+        self.rnn = lltm.LLTMSequence(FEATURES, STATE)
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)

@@ -49,13 +49,6 @@ from .. import _probes
 from . import lowered
 
 
-def cell(
-    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """lltm::forward in core ATen: the cell's formula in plain torch (lowered.py)."""
-    return lowered.cell(input, weights, bias, old_h, old_cell)
-
-
 def sequence(
     input: Tensor,
     weights: Tensor,
@@ -149,7 +142,7 @@ _AUTOGRAD_KEYS = _probes.dispatch_key_names(
 
 # Every operator with a decomposition: what _leave_to_inductor takes out of
 # Inductor's tables.
-_LOWERED: dict[Any, Callable[..., Any]] = {}
+_LOWERED: set[Any] = set()
 
 
 def register(op: Any, decomposition: Callable[..., Any]) -> None:
@@ -158,7 +151,7 @@ def register(op: Any, decomposition: Callable[..., Any]) -> None:
     See the module's docstring. Without Python kernels (a torch that moved
     them: lltm/_probes.py), run_decompositions() keeps the operator.
     """
-    _LOWERED[op] = decomposition
+    _LOWERED.add(op)
     if not _probes.python_kernels():
         return
     _probes.add_python_kernel(op, _IMPLICIT, _in_table)

@@ -78,24 +78,21 @@ def _any_requires_grad(
     )
 
 
-def _composite_call(kernel: Any, args: tuple[Any, ...]) -> Any:
-    """The composite kernel on a device the fused kernels cannot serve, with autocast's casts."""
+def _operator_call(op: Any, composite: Any, args: tuple[Any, ...]) -> Any:
+    """Every mode but plain eager: the operator ``op``, or the ``composite`` kernel.
+
+    The composite kernel, with autocast's casts, on a device the fused
+    kernels cannot serve. Under torch.compile it is called with no exception handler around: the
+    meta kernels raise the documented types themselves, and from torch 2.15
+    an exception that traced code catches becomes an ``Unsupported`` error
+    that no longer carries it.
+    """
+    if _fused(args[0]):
+        return op(*args)
     device_type = args[0].device.type
     if autocast.enabled(device_type):
         args = autocast.cast_arguments(device_type, args)
-    return kernel(*args)
-
-
-def _traced_call(op: Any, composite: Any, args: tuple[Any, ...]) -> Any:
-    """The operator (or the composite kernel) as torch.compile traces it: with no handler around.
-
-    Under tracing the meta kernels raise the documented exception types
-    themselves. And from torch 2.15 an exception that traced code catches
-    becomes an ``Unsupported`` error that no longer carries it.
-    """
-    if not _fused(args[0]):
-        return _composite_call(composite, args)
-    return op(*args)
+    return composite(*args)
 
 
 def cell(
@@ -115,24 +112,25 @@ def cell(
         # raised inside an exception handler as graph breaks. Spelled out, not
         # looped: this runs on every step.)
         check_forward_args(*args)  # a TypeError naming it
-    if torch.compiler.is_compiling():
-        new_h, new_cell, _gates = _traced_call(forward, _composite.forward, args)
-        return new_h, new_cell
-    try:
-        if not _fused(input):
-            new_h, new_cell, _gates = _composite_call(_composite.forward, args)
-        elif not fast_path(args):
-            new_h, new_cell, _gates = forward(*args)
+    if _fused(input) and fast_path(args):
         # What the operator's Autograd kernel does in plain eager mode.
-        elif torch.is_grad_enabled() and _any_requires_grad(*args):
-            new_h, new_cell, _gates = CellFunction.apply(*args)
-        else:
-            with _probes.below_autograd():
-                new_h, new_cell, _gates = _forward_kernel_call(*args)
-    except (RuntimeError, ValueError) as error:
-        # Every mode raises the documented type: inside inference mode no
-        # Python of lltm's runs between the operator and its kernel.
-        reraise(error)
+        try:
+            if torch.is_grad_enabled() and _any_requires_grad(*args):
+                new_h, new_cell, _gates = CellFunction.apply(*args)
+            else:
+                with _probes.below_autograd():
+                    new_h, new_cell, _gates = _forward_kernel_call(*args)
+        except (RuntimeError, ValueError) as error:
+            reraise(error)
+    elif torch.compiler.is_compiling():
+        new_h, new_cell, _gates = _operator_call(forward, _composite.forward, args)
+    else:
+        try:
+            new_h, new_cell, _gates = _operator_call(forward, _composite.forward, args)
+        except (RuntimeError, ValueError) as error:
+            # Every mode raises the documented type: inside inference mode no
+            # Python of lltm's runs between the operator and its kernel.
+            reraise(error)
     return new_h, new_cell
 
 
@@ -150,16 +148,19 @@ def sequence(
     Dispatched like :func:`cell`.
     """
     args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+    if _fused(input) and fast_path(args):
+        try:
+            if torch.is_grad_enabled() and _any_requires_grad(
+                input, weights, bias, old_h, old_cell
+            ):
+                return SequenceFunction.apply(*args)[:3]
+            with _probes.below_autograd():
+                return _sequence_forward_kernel_call(*args)[:3]
+        except (RuntimeError, ValueError) as error:
+            reraise(error)
     if torch.compiler.is_compiling():
-        return _traced_call(sequence_forward, _composite.sequence_forward, args)[:3]  # type: ignore[no-any-return]
+        return _operator_call(sequence_forward, _composite.sequence_forward, args)[:3]  # type: ignore[no-any-return]
     try:
-        if not _fused(input):
-            return _composite_call(_composite.sequence_forward, args)[:3]  # type: ignore[no-any-return]
-        if not fast_path(args):
-            return sequence_forward(*args)[:3]
-        if torch.is_grad_enabled() and _any_requires_grad(input, weights, bias, old_h, old_cell):
-            return SequenceFunction.apply(*args)[:3]
-        with _probes.below_autograd():
-            return _sequence_forward_kernel_call(*args)[:3]
+        return _operator_call(sequence_forward, _composite.sequence_forward, args)[:3]  # type: ignore[no-any-return]
     except (RuntimeError, ValueError) as error:
         reraise(error)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _composite
-from . import autograd, decompositions, fake, flops, vmap
+from . import autograd, decompositions, fake, flops, lowered, vmap
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ OPERATORS: tuple[Operator, ...] = (
         vmap=vmap.forward,
         function=autograd.CellFunction,
         autocast=True,
-        decomposition=decompositions.cell,
+        decomposition=lowered.cell,
     ),
     Operator(
         "backward",
