@@ -489,7 +489,7 @@ def fuzz(session: nox.Session) -> None:
 @disposable
 def cuda_host(session: nox.Session) -> None:
     """lltm's CUDA sources built for the host and run on CPU tensors
-    (tests/cuda_host.py): the emulation's own tests (tests/test_cuda_host.py)
+    (tests/cuda_host/): the emulation's own tests (tests/test_cuda_host.py)
     and the suites that take conftest.py's ``kernels`` fixture, against them.
     The host build lives in build/cuda_host/ and is never packaged."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
@@ -504,7 +504,8 @@ def cuda_host(session: nox.Session) -> None:
 @disposable
 def lint(session: nox.Session) -> None:
     """ruff (lint, docstrings, format check), mypy --strict on src/ (lltm ships
-    py.typed) and clang-format (check) on csrc/."""
+    py.typed) and clang-format (check) on csrc/ and the host build's C++
+    (tests/cuda_host/)."""
     session.install(*_group("lint"), *_group("bench"))
     # mypy reads torch's own annotations: the CPU build lltm is built against.
     install_torch(session, BUILD_TORCH)
@@ -513,7 +514,8 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")  # what and how: pyproject.toml's [tool.mypy]
     sources = sorted(
         str(p.relative_to(ROOT))
-        for p in (ROOT / "csrc").rglob("*")
+        for tree in ("csrc", "tests/cuda_host")
+        for p in (ROOT / tree).rglob("*")
         if p.suffix in (".h", ".cpp", ".cu", ".cuh")
     )
     session.run("clang-format", "--dry-run", "--Werror", *sources)

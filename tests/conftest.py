@@ -236,7 +236,7 @@ GRAD_NAMES = tuple(f"grad_{name}" for name in ARG_NAMES)
 #
 # A test module that says ``pytestmark = pytest.mark.usefixtures("kernels")``
 # runs each of its tests twice: against lltm's CPU kernels, and against the
-# CUDA sources built for the host (tests/cuda_host.py), which then serve
+# CUDA sources built for the host (tests/cuda_host/), which then serve
 # lltm's ops on CPU tensors through every entry point. The second runs in
 # ``nox -s cuda_host`` (``-m cuda_host``) and is skipped, saying so, elsewhere.
 # A test about the CPU kernels alone says ``@pytest.mark.cpu_kernels_only``.

@@ -1,4 +1,4 @@
-"""The CUDA sources built for the host (tests/cuda_host.py): the emulation
+"""The CUDA sources built for the host (tests/cuda_host/): the emulation
 itself, the kernels' index space and launch limits, kernels with barriers and
 shared memory, the launch checks, the CUDA kernels against the CPU kernels
 call for call, and the CUDA plugin's device probe.

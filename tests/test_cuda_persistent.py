@@ -1,5 +1,5 @@
 """The persistent sequence kernels (csrc/cuda/lltm_cuda_persistent.cuh) on the
-host build's emulated GPU (tests/cuda_host.py), where every CUDA thread is a
+host build's emulated GPU (tests/cuda_host/), where every CUDA thread is a
 fiber and block, cluster and grid barriers are real.
 
 * The kernels against the float64 oracle (tests/oracle.py: the reference cell

@@ -5,9 +5,9 @@
 // the real runtime: kernels run on the GPU and register for the CUDA
 // dispatch key of the lltm namespace.
 //
-// The host build (LLTM_CUDA_HOST, tests/cuda_host.py; test-only, never
+// The host build (LLTM_CUDA_HOST, tests/cuda_host/__init__.py; test-only, never
 // packaged) compiles the same files with the host C++ compiler, each after
-// csrc/cuda_host/lltm_cuda_host.h, an emulation of the runtime that runs a
+// tests/cuda_host/runtime/runtime.h, an emulation of the runtime that runs a
 // grid's threads on the CPU, and registers the kernels for CPU tensors under
 // the test namespace lltm_cuda_host, which declares the very schemas of
 // csrc/lltm_ops.cpp (compiled again with LLTM_OPS_NAMESPACE=lltm_cuda_host).
@@ -20,7 +20,7 @@
 #ifdef LLTM_CUDA_HOST
 
 #ifndef LLTM_CUDA_HOST_EMULATION
-#error "the host build includes csrc/cuda_host/lltm_cuda_host.h before any csrc/cuda source"
+#error "the host build includes tests/cuda_host/runtime/runtime.h before any csrc/cuda source"
 #endif
 
 #define LLTM_CUDA_DISPATCH_KEY CPU

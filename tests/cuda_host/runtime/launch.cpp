@@ -29,7 +29,7 @@
 #include <thread>
 #include <utility>
 
-#include "lltm_cuda_host.h"
+#include "runtime.h"
 
 namespace lltm::cuda_host {
 namespace {
@@ -111,7 +111,7 @@ cudaError_t parse(const cudaLaunchConfig_t& config, Requested& requested) {
         break;
       default:
         fault("launch attribute " + std::to_string(static_cast<int>(a.id)) +
-              " is not emulated (lltm_cuda_host_launch.h lists those that are)");
+              " is not emulated (launch.h lists those that are)");
     }
   }
   return cudaSuccess;

@@ -1,9 +1,9 @@
 // The host build's second Python module, `emulation`: the controls of the
-// emulated GPU (lltm_cuda_host_gpu.h) and the probes tests/test_cuda_host.py
+// emulated GPU (runtime/gpu.h) and the probes tests/test_cuda_host.py
 // runs: of the plain launch path and csrc/cuda's grid-stride loops (here), of
 // kernels with barriers and shared memory and of cudaLaunchKernelEx's checks
-// (emulation_fibers.cpp). Test-only, like the rest of the host build.
-#include "emulation.h"
+// (probes.cpp). Test-only, like the rest of the host build.
+#include "module.h"
 // The emulation first, then the CUDA sources' helpers.
 #include <algorithm>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../cuda/lltm_cuda_launch.cuh"
+#include "cuda/lltm_cuda_launch.cuh"
 #include "python_module.h"
 
 namespace {
@@ -188,7 +188,7 @@ PyObject* coverage(PyObject*, PyObject* args) {
 
 // --- The emulated GPU ---------------------------------------------------------------
 
-// reset(): the emulated GPU as it starts (lltm_cuda_host_gpu.h): an H100 of
+// reset(): the emulated GPU as it starts (runtime/gpu.h): an H100 of
 // 132 multiprocessors, two devices, no context, no injected error, no kernel
 // attribute set, the forward schedule with every barrier; the calling thread
 // on device 0.

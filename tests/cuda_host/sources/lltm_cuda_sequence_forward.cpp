@@ -1,6 +1,6 @@
 // csrc/cuda/lltm_cuda_sequence_forward.cu, compiled by the host C++ compiler for the host build
 // after the emulation of the CUDA runtime it runs against (see
-// lltm_cuda_host.h): the same source, not a copy.
-#include "lltm_cuda_host.h"
+// runtime/runtime.h): the same source, not a copy.
+#include "../runtime/runtime.h"
 // The emulation first.
-#include "../cuda/lltm_cuda_sequence_forward.cu"
+#include "cuda/lltm_cuda_sequence_forward.cu"

@@ -1,11 +1,11 @@
 // A Python extension module inside the host build's library (test-only:
-// emulation.cpp, the controls of the emulated GPU). lltm's own libraries have
+// module.cpp, the controls of the emulated GPU). lltm's own libraries have
 // no Python module (csrc/lltm_library.h).
 #pragma once
 
 #include <Python.h>
 
-#include "../lltm_library.h"
+#include "lltm_library.h"
 
 // Defines PyInit_<name> for a module with the functions of `methods` (a
 // PyMethodDef table, or nullptr) and the constants that add_constants(module)

@@ -1,7 +1,7 @@
 // The functions of the host build's `emulation` module (test-only) that
-// emulation.cpp's table takes from other files: the probes of kernels with
+// module.cpp's table takes from other files: the probes of kernels with
 // barriers and shared memory, and of cudaLaunchKernelEx's checks
-// (emulation_fibers.cpp).
+// (probes.cpp).
 #pragma once
 
 #include <Python.h>
@@ -9,7 +9,7 @@
 #include <exception>
 #include <utility>
 
-#include "lltm_cuda_host.h"
+#include "../runtime/runtime.h"
 
 namespace lltm::cuda_host::emulation {
 

@@ -4,7 +4,7 @@
 // its own shared memory, that each barrier orders what it must (and that
 // without it a schedule gives a wrong answer), that a barrier that can never
 // complete is a fault, and that each launch check returns the GPU's error.
-#include "emulation.h"
+#include "module.h"
 // The emulation first, then the CUDA sources' helpers.
 #include <array>
 #include <atomic>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../cuda/lltm_cuda_launch.cuh"
+#include "cuda/lltm_cuda_launch.cuh"
 
 // Probe kernels, outside an anonymous namespace so that faults can name them.
 namespace lltm::cuda_host::probes {

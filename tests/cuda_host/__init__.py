@@ -3,8 +3,8 @@
 CI's machines have no GPU. Everything under csrc/cuda but the kernels is host
 code calling torch's C shim, and the kernels are C++ but for a few of CUDA's
 names, so the same files compiled by the host C++ compiler against an
-emulation of the CUDA runtime (csrc/cuda_host: each file of the build
-includes lltm_cuda_host.h, then the CUDA source) compute what the GPU
+emulation of the CUDA runtime (this folder: each file of sources/ includes
+runtime/runtime.h, then the CUDA source it compiles) compute what the GPU
 computes: plain launches run every block and thread of a grid in turn;
 cudaLaunchKernelEx runs every thread as a fiber, with each block's shared
 memory, block, cluster and grid barriers, the threads in a schedule's order
@@ -53,22 +53,20 @@ import torch
 import lltm
 from lltm import _native
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPS = ("forward", "backward", "sequence_forward", "sequence_backward", "sequence_gate_grads")
 NAMESPACE = "lltm_cuda_host"
 ENABLED = os.environ.get("LLTM_CUDA_HOST") == "1"
 WHERE = "nox -s cuda_host (LLTM_CUDA_HOST=1 builds and runs it anywhere)"
+HERE = Path(__file__).resolve().parent
+# The schemas, csrc/cuda's sources (sources/: each includes the emulated
+# runtime, then the CUDA file it compiles), the emulated runtime (runtime/)
+# and the Python module `emulation` with its probe kernels (emulation/).
 SOURCES = [
-    "csrc/lltm_ops.cpp",
-    "csrc/cuda_host/lltm_cuda.cpp",
-    "csrc/cuda_host/lltm_cuda_sequence_forward.cpp",
-    "csrc/cuda_host/lltm_cuda_sequence_backward.cpp",
-    "csrc/cuda_host/lltm_cuda_persistent.cpp",
-    "csrc/cuda_host/plugin_module.cpp",
-    "csrc/cuda_host/lltm_cuda_host_fibers.cpp",
-    "csrc/cuda_host/lltm_cuda_host_launch.cpp",
-    "csrc/cuda_host/emulation.cpp",
-    "csrc/cuda_host/emulation_fibers.cpp",
+    ROOT / "csrc/lltm_ops.cpp",
+    *sorted((HERE / "sources").glob("*.cpp")),
+    *sorted((HERE / "runtime").glob("*.cpp")),
+    *sorted((HERE / "emulation").glob("*.cpp")),
 ]
 
 
@@ -101,8 +99,10 @@ def _build() -> Path:
     return Path(
         cpp_extension.load(
             name=NAMESPACE,
-            sources=[str(ROOT / s) for s in SOURCES],
+            sources=[str(s) for s in SOURCES],
             extra_cflags=flags,
+            # `#include "cuda/lltm_cuda.cu"`, "lltm_library.h": csrc's own paths.
+            extra_include_paths=[str(ROOT / "csrc")],
             build_directory=str(build),
             is_python_module=False,  # loads the library: the ops register
             verbose=os.environ.get("LLTM_CUDA_HOST_VERBOSE") == "1",
@@ -126,8 +126,8 @@ def modules() -> tuple[_native.CudaLibrary, ModuleType]:
     is not enabled."""
     if not ENABLED:
         pytest.skip(f"the CUDA sources built for the host run in {WHERE}")
-    if not (ROOT / "csrc" / "cuda_host").is_dir():
-        pytest.skip("csrc/cuda_host/ is not in this tree: the host build needs the sources")
+    if not (ROOT / "csrc" / "cuda").is_dir():
+        pytest.skip("csrc/cuda/ is not in this tree: the host build compiles its sources")
     library = _build()
     # No autograd formula of their own: at the Autograd key they let the call
     # through, so that a kernel sees the dispatcher state it sees on a GPU,

@@ -1,11 +1,11 @@
-// The fibers of lltm_cuda_host_fibers.h: stacks, the context switch, rounds,
+// The fibers of fibers.h: stacks, the context switch, rounds,
 // barriers, shared memory and the faults of a barrier that cannot complete.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
-#include "lltm_cuda_host.h"
+#include "runtime.h"
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
@@ -38,13 +38,13 @@ std::atomic<unsigned> dropped_barriers{0};
 
 // --- The context switch -------------------------------------------------------------------
 //
-// A fiber's context is its stack pointer: lltm_cuda_host_switch pushes the
+// A fiber's context is its stack pointer: lltm_fiber_switch pushes the
 // registers the System V ABI has a function preserve (rbx, rbp, r12-r15) on
 // the current stack, saves the stack pointer, loads the other one and pops
 // the other context's registers. The SSE and x87 control words, which the
 // ABI has preserved too, stay as the launching thread has them: every fiber
 // runs on it, and no kernel changes them. A new fiber's stack is laid out as
-// if it had switched away just before lltm_cuda_host_fiber_entry, which
+// if it had switched away just before lltm_fiber_entry, which
 // calls fiber_main(rbx). Fourteen instructions, where swapcontext makes a
 // system call (the signal mask) at every switch: a thread's barrier costs a
 // tenth of what it costs with swapcontext, and the rest of that cost is the
@@ -52,15 +52,15 @@ std::atomic<unsigned> dropped_barriers{0};
 
 #if defined(__x86_64__) && defined(__linux__)
 #define LLTM_CUDA_HOST_ASSEMBLY_SWITCH 1
-extern "C" void lltm_cuda_host_switch(void** save_sp, void* load_sp);
-extern "C" void lltm_cuda_host_fiber_entry();
+extern "C" void lltm_fiber_switch(void** save_sp, void* load_sp);
+extern "C" void lltm_fiber_entry();
 asm(R"(
     .pushsection .text
     .p2align 4
-    .globl lltm_cuda_host_switch
-    .hidden lltm_cuda_host_switch
-    .type lltm_cuda_host_switch, @function
-lltm_cuda_host_switch:
+    .globl lltm_fiber_switch
+    .hidden lltm_fiber_switch
+    .type lltm_fiber_switch, @function
+lltm_fiber_switch:
     pushq %rbp
     pushq %rbx
     pushq %r12
@@ -76,17 +76,17 @@ lltm_cuda_host_switch:
     popq %rbx
     popq %rbp
     ret
-    .size lltm_cuda_host_switch, .-lltm_cuda_host_switch
+    .size lltm_fiber_switch, .-lltm_fiber_switch
 
     .p2align 4
-    .globl lltm_cuda_host_fiber_entry
-    .hidden lltm_cuda_host_fiber_entry
-    .type lltm_cuda_host_fiber_entry, @function
-lltm_cuda_host_fiber_entry:
+    .globl lltm_fiber_entry
+    .hidden lltm_fiber_entry
+    .type lltm_fiber_entry, @function
+lltm_fiber_entry:
     movq %rbx, %rdi
     callq *%r12
     ud2
-    .size lltm_cuda_host_fiber_entry, .-lltm_cuda_host_fiber_entry
+    .size lltm_fiber_entry, .-lltm_fiber_entry
     .popsection
 )");
 
@@ -114,7 +114,7 @@ struct Context {
 void jump(Context& from, const Context& to, bool assembly) {
 #if LLTM_CUDA_HOST_ASSEMBLY_SWITCH
   if (assembly) {
-    lltm_cuda_host_switch(&from.sp, to.sp);
+    lltm_fiber_switch(&from.sp, to.sp);
     return;
   }
 #else
@@ -310,16 +310,16 @@ void prepare(const Unit& unit, Fiber& fiber) {
     return;
   }
 #if LLTM_CUDA_HOST_ASSEMBLY_SWITCH
-  // The frame lltm_cuda_host_switch pops (see above), under two words of
+  // The frame lltm_fiber_switch pops (see above), under two words of
   // padding: the entry's `call` then finds the stack 16-byte aligned.
   auto* frame = reinterpret_cast<uint64_t*>(top) - 9;
-  frame[0] = 0;                                                        // r15
-  frame[1] = 0;                                                        // r14
-  frame[2] = 0;                                                        // r13
-  frame[3] = reinterpret_cast<uint64_t>(&fiber_main);                  // r12
-  frame[4] = reinterpret_cast<uint64_t>(&fiber);                       // rbx
-  frame[5] = 0;                                                        // rbp
-  frame[6] = reinterpret_cast<uint64_t>(&lltm_cuda_host_fiber_entry);  // return address
+  frame[0] = 0;                                              // r15
+  frame[1] = 0;                                              // r14
+  frame[2] = 0;                                              // r13
+  frame[3] = reinterpret_cast<uint64_t>(&fiber_main);        // r12
+  frame[4] = reinterpret_cast<uint64_t>(&fiber);             // rbx
+  frame[5] = 0;                                              // rbp
+  frame[6] = reinterpret_cast<uint64_t>(&lltm_fiber_entry);  // return address
   frame[7] = 0;
   frame[8] = 0;
   fiber.context.sp = frame;

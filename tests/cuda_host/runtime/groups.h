@@ -1,14 +1,14 @@
 // Barriers and shared memory as kernels use them, on the emulation's fibers
-// (lltm_cuda_host_fibers.h): __syncthreads, the cooperative_groups names of
+// (fibers.h): __syncthreads, the cooperative_groups names of
 // <cooperative_groups.h> that lltm's kernels use, and the two names
 // csrc/cuda/lltm_cuda_runtime.h gives kernels in nvcc builds:
 // lltm::cuda::cg and lltm::cuda::dynamic_shared_memory().
 #pragma once
 
-#include "lltm_cuda_host_errors.h"
-#include "lltm_cuda_host_fibers.h"
-#include "lltm_cuda_host_gpu.h"
-#include "lltm_cuda_host_language.h"
+#include "errors.h"
+#include "fibers.h"
+#include "gpu.h"
+#include "language.h"
 
 inline void __syncthreads() { ::lltm::cuda_host::barrier(::lltm::cuda_host::BarrierKind::kBlock); }
 

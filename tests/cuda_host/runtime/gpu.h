@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <thread>
 
-#include "lltm_cuda_host_errors.h"
+#include "errors.h"
 
 namespace lltm::cuda_host {
 
@@ -99,7 +99,7 @@ inline int free_multiprocessors() {
 
 // The emulated GPU as it starts: an H100, no context, no injected error, no
 // kernel attribute set, the schedule forward with every barrier in place
-// (lltm_cuda_host_launch.cpp).
+// (launch.cpp).
 void reset();
 
 }  // namespace lltm::cuda_host

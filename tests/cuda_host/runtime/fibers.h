@@ -1,5 +1,5 @@
 // Kernels with barriers and shared memory, run on the host
-// (lltm_cuda_host_fibers.cpp): each CUDA thread of a cudaLaunchKernelEx
+// (fibers.cpp): each CUDA thread of a cudaLaunchKernelEx
 // launch is a fiber, a stack of its own that the launching thread switches
 // to and from, so that a thread can stop at a barrier and let the others of
 // its block, cluster or grid reach it.
@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "lltm_cuda_host_language.h"
+#include "language.h"
 
 namespace lltm::cuda_host {
 

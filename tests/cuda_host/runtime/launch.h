@@ -1,7 +1,7 @@
 // Kernel launches on the emulated GPU: plain launches (LLTM_LAUNCH), which
 // run each thread to its end in turn, and cudaLaunchKernelEx, whose threads
-// run as fibers (lltm_cuda_host_fibers.h) after the checks a GPU makes
-// (lltm_cuda_host_launch.cpp); kernel attributes, the occupancy calculator,
+// run as fibers (fibers.h) after the checks a GPU makes
+// (launch.cpp); kernel attributes, the occupancy calculator,
 // and the alignment of vector accesses.
 #pragma once
 
@@ -11,10 +11,10 @@
 #include <string>
 #include <utility>
 
-#include "lltm_cuda_host_errors.h"
-#include "lltm_cuda_host_fibers.h"
-#include "lltm_cuda_host_gpu.h"
-#include "lltm_cuda_host_language.h"
+#include "errors.h"
+#include "fibers.h"
+#include "gpu.h"
+#include "language.h"
 
 // --- Kernel attributes ------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class Launch {
 
   // Every thread of the grid in turn, block by block, as the GPU's index
   // space has them: x fastest, then y, then z. No fibers: a barrier or
-  // shared memory here is a fault (lltm_cuda_host_fibers.cpp).
+  // shared memory here is a fault (fibers.cpp).
   template <typename... Args>
   void operator()(const Args&... args) const {
     if (configuration_problem(grid_, block_) != nullptr) {
