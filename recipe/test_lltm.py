@@ -1,5 +1,5 @@
 """Test of the installed conda package: the operator runs in every flavour and
-matches the pure-PyTorch reference (packaging/check_ops.py, run before, checks
+matches the pure-PyTorch reference (tools/check_ops.py, run before, checks
 that each flavour's compiled kernels are registered)."""
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ file is copied or compiled: not in a wall of compiler errors.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -46,7 +46,10 @@ def test_setup_py_without_numpy_does_not_warn():
 # --- A source build that cannot work says why, first ----------------------------------
 
 # What a build from the sdist reads (MANIFEST.in's selection, minus tests and examples).
-SOURCES = ["setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "src", "csrc"]
+SOURCES = [
+    "setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "src", "csrc",
+    "tools/__init__.py", "tools/setup_helpers",
+]  # fmt: skip
 
 
 def _source_copy(tmp_path: Path) -> Path:
@@ -54,6 +57,7 @@ def _source_copy(tmp_path: Path) -> Path:
     tree.mkdir()
     for name in SOURCES:
         source = ROOT / name
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(
                 source,
@@ -134,29 +138,17 @@ def test_without_torch_the_error_says_what_to_install(tmp_path):
     assert lines[1].strip().startswith("Fix: pip install 'torch>=2.10'"), lines
 
 
-def _setup_function(name: str):
-    """A function of setup.py with the constants it reads, without running setup.py."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    nodes = [
-        node
-        for node in tree.body
-        if (isinstance(node, ast.FunctionDef) and node.name == name)
-        or (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
-            and isinstance(node.value, ast.Tuple))
-    ]  # fmt: skip
-    namespace: dict = {"re": re}
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), "setup.py", "exec"), namespace)
-    return namespace[name]
+SOURCE_BUILD = ROOT / "tools" / "setup_helpers" / "source_build.py"
 
 
-@pytest.mark.skipif(not (ROOT / "setup.py").exists(), reason="needs the source tree's setup.py")
+@pytest.mark.skipif(not SOURCE_BUILD.exists(), reason="needs the source tree's setup helpers")
 @pytest.mark.parametrize(
     ("version", "refused"),
     [("1.13.1", True), ("2.9.1+cu128", True), ("2.10.0", False), ("2.13.0+cpu", False),
      ("2.15.0.dev20260101+cu132", False), ("3.0.0", False)],
 )  # fmt: skip
 def test_torch_older_than_2_10_is_refused(version, refused):
-    problem = _setup_function("torch_version_problem")(version)
+    problem = runpy.run_path(str(SOURCE_BUILD))["torch_version_problem"](version)
     if refused:
         assert problem == (
             f"torch {version} is installed; lltm is built against the LibTorch stable ABI, "

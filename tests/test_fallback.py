@@ -202,7 +202,7 @@ def _torch_is(build: tuple[str, str | None], version: str, cuda_major: str | Non
 
 
 # Where each build of torch comes from: the variable, else pyproject.toml's
-# [tool.lltm] setting (packaging/torch_index.py reads the same for nox).
+# [tool.lltm] setting (tools/torch_index.py reads the same for nox).
 TORCH_INDEX_VARIABLES = {"cpu": "LLTM_TORCH_CPU_INDEX", "cuda": "LLTM_TORCH_CUDA_INDEX"}
 
 

@@ -1,7 +1,7 @@
 """Debian roots made of Debian's packages, and commands run inside them.
 
-Shared by packaging/emulated_aarch64.py (an arm64 root, its programs run by
-qemu) and packaging/fresh_machine.py (an amd64 root standing in for a new
+Shared by tools/machines/emulated_aarch64.py (an arm64 root, its programs run by
+qemu) and tools/machines/fresh_machine.py (an amd64 root standing in for a new
 user's machine). mmdebstrap makes the roots; commands enter them with chroot,
 in a mount namespace of their own, so that the mounts they need (/proc,
 /dev, ...) go when they end. All of it needs root: as is when this process

@@ -16,7 +16,7 @@ rest of the repository:
 * each CUDA wheel of wheels.yml is compiled by a toolkit and against a torch
   of its CUDA major, for setup.py's GPU list, and tested with the CUDA build
   of the newest torch for that major, through variables that
-  packaging/cibuildwheel-cuda.toml passes into the container and uses; the
+  tools/cibuildwheel-cuda.toml passes into the container and uses; the
   job frees the runner's disk before cibuildwheel fills it.
 """
 
@@ -30,9 +30,9 @@ import shlex
 import subprocess
 import sys
 
-import gha
-import project_facts
 import yaml
+
+from tools import gha, project_facts
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,7 +40,7 @@ else:  # the workflows session installs tomli there
     import tomli as tomllib
 
 ROOT = gha.ROOT
-CUDA_CONFIG = "packaging/cibuildwheel-cuda.toml"
+CUDA_CONFIG = "tools/cibuildwheel-cuda.toml"
 # The PyTorch index of the newest torch's CUDA build per CUDA major, the torch
 # that users of that major install: from torch 2.12 on, PyTorch builds CUDA 12
 # for CUDA 12.6 only.
@@ -54,7 +54,7 @@ UNUSED_ON_RUNNER = ["/usr/share/dotnet", "/usr/local/lib/android", "/opt/ghc"]
 # What every build compiles or reads: the package sources and the build script.
 # README.md also feeds setup.py (the long description), but its text cannot
 # break a build; documentation-only changes do not rebuild every platform.
-BUILD_INPUTS = ["csrc", "src", "setup.py", "pyproject.toml"]
+BUILD_INPUTS = ["csrc", "src", "setup.py", "tools/setup_helpers", "pyproject.toml"]
 # A nox command at the start of a shell command: `nox ...` or `python -m nox ...`.
 NOX_COMMAND = re.compile(r"(?:^|[;&|]\s*)(?:python3?\s+-m\s+)?nox\s+([^;&|\n]*)", re.MULTILINE)
 
@@ -181,7 +181,7 @@ def recipe_inputs() -> list[str]:
 
 def check_path_filters() -> None:
     files = tracked_files()
-    wheel_configs = ["pyproject.toml", "packaging/cibuildwheel-cuda.toml"]
+    wheel_configs = ["pyproject.toml", "tools/cibuildwheel-cuda.toml"]
     needs = {
         # cibuildwheel (both configurations) and the sdist job (MANIFEST.in).
         "wheels.yml": [

@@ -27,7 +27,7 @@
    unpacked system is deleted when the check passes (kept with --keep), kept
    to look at when it fails.
 
-    python packaging/fresh_machine.py [--torch-from-pypi] [--keep]
+    python -m tools.machines.fresh_machine [--torch-from-pypi] [--keep]
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ import sys
 import time
 from pathlib import Path
 
-import debian_root
-from debian_root import MIRROR, SUITE
+from tools.machines import debian_root
+from tools.machines.debian_root import MIRROR, SUITE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLTM_FRESH_CACHE", Path.home() / ".cache" / "lltm" / "fresh"))
 USER, UID = "lltm", 1000
 HOME = f"/home/{USER}"

@@ -1,7 +1,7 @@
 """Checks the sdist's members: every file of csrc/, the build inputs, the
 wheels' test sources, and no build products.
 
-    python packaging/check_sdist.py ARCHIVE
+    python -m tools.check_sdist ARCHIVE
 
 Run by ``nox -s sdist``, which then builds a wheel from the archive and runs
 the smoke tests from its own tests/.
@@ -13,8 +13,8 @@ import argparse
 import tarfile
 from pathlib import Path
 
-import project_facts
-from cibw_config import CONFIGS, linux_options
+from tools import project_facts
+from tools.cibw_config import CONFIGS, linux_options
 
 ROOT = project_facts.ROOT
 
@@ -38,6 +38,8 @@ def check_sdist(archive: Path) -> None:
     }
     required = csrc | test_sources | {
         "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE",
+        "tools/__init__.py", "tools/setup_helpers/__init__.py",
+        "tools/setup_helpers/source_build.py", "tools/setup_helpers/cxx_runtime.py",
         "src/lltm/__init__.py", "src/lltm/_C.py", "src/lltm/py.typed",
         "src/lltm_cuda/__init__.py", "src/lltm_cuda/_C.py",
     }  # fmt: skip

@@ -27,8 +27,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import gha
-import project_facts
 from rattler import VirtualPackage, VirtualPackageOverrides
 from rattler_build import (
     JinjaConfig,
@@ -38,6 +36,8 @@ from rattler_build import (
     rattler_build_version,
 )
 from rattler_build.tool_config import PlatformConfig
+
+from tools import gha, project_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe" / "recipe.yaml"
@@ -110,12 +110,12 @@ def check_variant(
     # recipe entry point would write the same script a second time.
     assert not recipe["build"].get("python", {}).get("entry_points"), (where, recipe["build"])
     assert any("lltm info" in t.get("script", []) for t in tests), (where, tests)
-    # Compiled kernels for every operator (packaging/check_ops.py and its list
+    # Compiled kernels for every operator (tools/check_ops.py and its list
     # OPS): CPU in every flavour, CUDA too in the CUDA flavours.
-    ops_check = "python packaging/check_ops.py " + ("cpu" if cuda == "None" else "cpu cuda")
+    ops_check = "python tools/check_ops.py " + ("cpu" if cuda == "None" else "cpu cuda")
     (ops_test,) = [t for t in tests if ops_check in t.get("script", [])] or [None]
     assert ops_test, f"{where}: no test runs `{ops_check}`: {tests}"
-    assert "packaging/check_ops.py" in ops_test["files"]["source"], (where, ops_test)
+    assert "tools/check_ops.py" in ops_test["files"]["source"], (where, ops_test)
 
     # The sysroot's glibc is what the package claims to need (its run_exports).
     major = None if cuda == "None" else int(cuda.split(".")[0])

@@ -2,9 +2,9 @@
 one py3-none wheel per platform for lltm and one Linux x86_64 wheel for the
 CUDA plugin, each built for cp310 and tested again, unchanged, on cp314t
 (cibuildwheel finds the py3-none wheel compatible there and builds nothing:
-packaging/check_wheel_tags.py).
+tools/check_wheel_tags.py).
 
-    python packaging/check_build_identifiers.py
+    python -m tools.check_build_identifiers
 
 Run by ``nox -s cibuildwheel``; needs cibuildwheel on PATH (no Docker: only
 ``--print-build-identifiers`` is asked of it).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from cibw_config import CUDA_CONFIG
+from tools.cibw_config import CUDA_CONFIG
 
 EXPECTED = {
     ("pyproject.toml", "linux", "x86_64"): "cp310-manylinux_x86_64 cp314t-manylinux_x86_64",

@@ -1,7 +1,7 @@
 """Checks a repaired wheel of either variant: name, version, tags, contents
 and metadata.
 
-    python packaging/check_wheel.py {cpu,cuda} WHEEL
+    python -m tools.check_wheel {cpu,cuda} WHEEL
 
 Run by ``nox -s cibuildwheel`` on each wheel that cibuildwheel's repair
 command left, as a release job would publish it.
@@ -14,9 +14,10 @@ import re
 import zipfile
 from pathlib import Path
 
-import project_facts
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
+
+from tools import project_facts
 
 VERSION = project_facts.version()
 

@@ -15,7 +15,7 @@ the ways that need none):
   wheel compatible, so it tests this very wheel there instead of building
   another.
 
-    python packaging/check_wheel_tags.py WHEEL...
+    python -m tools.check_wheel_tags WHEEL...
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@
    the emulated CPU (CORE, then BASELINE under LLTM_CPU_ISA=baseline), after
    ``python -m lltm info`` there has named aarch64 and neon.
 
-    python packaging/emulated_aarch64.py [--wheel-dir DIR] [-- PYTEST ARGS...]
+    python -m tools.machines.emulated_aarch64 [--wheel-dir DIR] [-- PYTEST ARGS...]
 
 The emulated CPU is a Neoverse N1 (AWS Graviton2, Ampere Altra): QEMU_CPU
 picks it, and files describing it stand in for /proc/cpuinfo and the CPU
@@ -52,12 +52,11 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import debian_root
-import project_facts
-import torch_index
-from debian_root import MIRROR, SUITE
+from tools import project_facts, torch_index
+from tools.machines import debian_root
+from tools.machines.debian_root import MIRROR, SUITE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLTM_ARM64_CACHE", Path.home() / ".cache" / "lltm" / "arm64"))
 PYTHON = "3.11"  # bookworm's python3, and the cp311 of the wheels below
 TORCH = os.environ.get("LLTM_ARM64_TORCH", "2.13.0")

@@ -4,7 +4,7 @@ OPS is the list of the operators lltm defines. A new operator is one line here
 (e.g. "lltm::my_new_op"), and from then on every packaged build must
 register compiled kernels for it:
 
-* the wheels' test commands (pyproject.toml, packaging/cibuildwheel-cuda.toml,
+* the wheels' test commands (pyproject.toml, tools/cibuildwheel-cuda.toml,
   run by cibuildwheel and by ``nox -s cibuildwheel``, ``nox -s sdist`` and
   ``nox -s wheel``);
 * the conda package's test (recipe/recipe.yaml).
@@ -52,7 +52,7 @@ def main(devices: list[str]) -> int:
         if name.startswith("lltm::")
     }
     assert registered == set(OPS), (
-        f"lltm {lltm.__version__} registers {sorted(registered)}; packaging/check_ops.py "
+        f"lltm {lltm.__version__} registers {sorted(registered)}; tools/check_ops.py "
         f"lists {sorted(OPS)}: update OPS"
     )
     if "cuda" in devices:

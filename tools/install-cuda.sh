@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the parts of the CUDA toolkit that lltm's CUDA kernels need into a
 # manylinux_2_28 (AlmaLinux 8) container: the before-all step of
-# packaging/cibuildwheel-cuda.toml. LLTM_CUDA_VERSION (12.8, 13.0, ...) picks
+# tools/cibuildwheel-cuda.toml. LLTM_CUDA_VERSION (12.8, 13.0, ...) picks
 # the release; the toolkit ends up in /usr/local/cuda.
 #
 # Built against the LibTorch stable ABI, the kernels include torch's

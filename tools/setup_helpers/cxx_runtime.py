@@ -1,0 +1,297 @@
+"""lltm's libraries and torch share one C++ runtime, or the build stops.
+
+A kernel reports a bad argument by throwing a C++ exception
+(csrc/lltm_errors.h), and torch's stable ABI has no other way: a boxed
+kernel returns nothing, and the exception unwinds out of lltm's library,
+through torch's boxed call, into libtorch, which catches it and Python
+raises it. That unwinding is only sound when lltm and libtorch use one C++
+runtime (one libstdc++, one unwinder, libgcc_s): a library linked with its
+own copy (``-static-libstdc++ -static-libgcc``, which some compiler
+wrappers add without a word) throws with its private unwinder, which then
+runs libtorch's personality routine from the shared runtime on a context
+the shared runtime never initialised: abort() or SIGSEGV at the first bad
+argument. With ``-static-libstdc++`` alone the exception survives, but the
+private copy's iostreams do not format numbers (the shared runtime's
+locale ids answer the private copy's facets): the message loses its
+figures. torch's own stable-ABI extensions report errors the same way
+(``STD_TORCH_CHECK`` throws ``std::runtime_error``), so they share the
+constraint.
+
+So setup.py does two things (:func:`link_libraries`, :func:`check_library`):
+
+* it links the shared C++ runtime libraries that torch's ``libtorch_cpu``
+  needs, by name, ahead of anything the compiler driver adds: a later
+  ``-static-libstdc++`` then finds every symbol already resolved and adds
+  nothing (GCC and Clang on Linux; macOS has only the shared libc++, and
+  MSVC's ``/MD``, setuptools' default, is the runtime DLL torch uses);
+* after linking, it checks the library: on ELF platforms, that it defines
+  none of the runtime's own symbols and needs the runtime torch needs, and
+  everywhere the library can be loaded, that a bad argument raised by one
+  of its kernels reaches Python as lltm's tagged error, in a subprocess, so
+  that a crash fails the build with the reason instead of a user's
+  interpreter at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+# The libraries of a C++ runtime, by soname: lltm must need the ones torch
+# needs, and no other.
+RUNTIME_SONAMES = ("libstdc++.so.6", "libgcc_s.so.1", "libc++.so.1", "libc++abi.so.1")
+# Symbols only a C++ runtime or its unwinder defines: a library that defines
+# one carries a private copy of the runtime.
+RUNTIME_SYMBOL = re.compile(r"^(__cxa_|__gxx_personality_|_Unwind_|_ZSt9terminatev$)")
+# Flags that ask for a private runtime, looked for where a build takes flags.
+STATIC_RUNTIME_FLAGS = ("-static-libstdc++", "-static-libgcc", "-static", "-stdlib=libc++")
+FLAG_VARIABLES = ("LDFLAGS", "LDSHARED", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "CC", "CXX")
+# The runtime's symbols a reader recognises, named first in the error.
+TELLING_SYMBOLS = (
+    "__cxa_throw",
+    "__gxx_personality_v0",
+    "_Unwind_RaiseException",
+    "_Unwind_Resume",
+)
+# What every failure says to do.
+FIX = (
+    "link the C++ runtime shared: take -static-libstdc++ and -static-libgcc out of "
+    "LDFLAGS, CXXFLAGS and CFLAGS, or point CXX at a compiler that links it shared "
+    "(the system's g++ or clang++, not a wrapper that adds those flags)"
+)
+
+
+class RuntimeMismatch(SystemExit):
+    """The library just built would crash, or garble, lltm's errors."""
+
+
+def torch_library_dir() -> Path:
+    """torch/lib of the torch the build compiles against, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeMismatch("lltm: torch is not importable here; setup.py builds against it")
+    return Path(next(iter(spec.submodule_search_locations))) / "lib"
+
+
+def _have_pyelftools() -> bool:
+    try:
+        import elftools  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _elf_needed(path: Path) -> list[str] | None:
+    """The DT_NEEDED entries of the ELF file ``path``, or None if it is no ELF
+    file (or pyelftools, a build requirement, is missing: a build without
+    isolation in an environment that lacks it)."""
+    if not _have_pyelftools():
+        return None
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with path.open("rb") as stream:
+            elf = ELFFile(stream)
+            return [
+                tag.needed
+                for section in elf.iter_sections()
+                if isinstance(section, DynamicSection)
+                for tag in section.iter_tags()
+                if tag.entry.d_tag == "DT_NEEDED"
+            ]
+    except ELFError:
+        return None
+
+
+def torch_runtime() -> list[str]:
+    """The C++ runtime libraries torch's libtorch_cpu needs (Linux), e.g.
+    ``["libstdc++.so.6", "libgcc_s.so.1"]``; [] where it is no ELF file."""
+    needed = _elf_needed(torch_library_dir() / "libtorch_cpu.so")
+    return [name for name in needed or [] if name in RUNTIME_SONAMES]
+
+
+def link_libraries() -> list[str]:
+    """The libraries (``-l`` names) to link so that the library's C++ runtime
+    is torch's: on Linux the shared runtime libtorch_cpu needs."""
+    if not sys.platform.startswith("linux"):
+        return []
+    names = {"libstdc++.so.6": "stdc++", "libgcc_s.so.1": "gcc_s", "libc++.so.1": "c++"}
+    return [names[soname] for soname in torch_runtime() if soname in names]
+
+
+def requested_static_runtime(environ: dict[str, str] | None = None) -> list[str]:
+    """``VARIABLE=flag`` for each flag of the environment that asks for a
+    private C++ runtime (what :func:`check_library` names if the link did
+    not overcome it)."""
+    environ = dict(os.environ if environ is None else environ)
+    found = []
+    for variable in FLAG_VARIABLES:
+        for word in environ.get(variable, "").split():
+            if word in STATIC_RUNTIME_FLAGS:
+                found.append(f"{variable}={word}")
+    return found
+
+
+def static_problems(library: Path) -> list[str]:
+    """What the ELF file ``library`` shows of a private C++ runtime ([] if
+    none, or if it is no ELF file: macOS, Windows)."""
+    needed = _elf_needed(library)
+    if needed is None:
+        return []
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    problems = []
+    with library.open("rb") as stream:
+        elf = ELFFile(stream)
+        defined = sorted(
+            {
+                symbol.name
+                for section in elf.iter_sections()
+                if isinstance(section, SymbolTableSection)
+                for symbol in section.iter_symbols()
+                if symbol["st_shndx"] != "SHN_UNDEF" and RUNTIME_SYMBOL.match(symbol.name)
+            }
+        )
+    if defined:
+        rank = {name: i for i, name in enumerate(TELLING_SYMBOLS)}
+        defined.sort(key=lambda name: (rank.get(name, len(rank)), name))
+        shown = ", ".join(defined[:4]) + (
+            f" and {len(defined) - 4} more" if len(defined) > 4 else ""
+        )
+        problems.append(f"it carries a copy of the C++ runtime of its own (it defines {shown})")
+    wanted = torch_runtime()
+    runtime = [name for name in needed if name in RUNTIME_SONAMES]
+    missing = [name for name in wanted if name not in runtime]
+    foreign = [name for name in runtime if name not in wanted]
+    if missing:
+        problems.append(f"it does not link {', '.join(missing)}, which torch uses")
+    if foreign and wanted:
+        problems.append(f"it links {', '.join(foreign)}, a C++ runtime torch does not use")
+    return problems
+
+
+# The subprocess of :func:`load_problem`: loads the library, makes one of
+# its kernels refuse an argument, prints what Python saw as JSON.
+_PROBE = r"""
+import json, re, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+library, variant, ops_source = sys.argv[1:4]
+if variant == "cuda":
+    # The plugin implements schemas lltm's CPU library declares: the same
+    # declarations, read from where they are written.
+    text = open(ops_source).read()
+    body = text[text.index("LLTM_LIBRARY(m)"):]
+    lib = torch.library.Library("lltm", "DEF")
+    for call in re.findall(r'm\.def\(((?:\s*"[^"]*")+)\s*\)', body):
+        lib.define("".join(re.findall(r'"([^"]*)"', call)))
+torch.ops.load_library(library)
+args = (torch.randn(2, 5), torch.randn(12, 7), torch.randn(12), torch.randn(2, 4), torch.randn(2, 4))
+op = torch.ops.lltm.forward.default
+try:
+    if variant == "cuda":
+        # The CUDA kernel itself, on CPU tensors: no GPU needed; its argument
+        # checks run before anything touches a device.
+        op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA), *args)
+    else:
+        op(*args)
+except Exception as error:
+    print(json.dumps({"raised": type(error).__name__, "message": str(error)}))
+else:
+    print(json.dumps({"raised": None, "message": ""}))
+"""
+# What the probe's kernel must say, the figures included (csrc/lltm_checks.h).
+EXPECTED = "lltm: [ValueError] input has input_features = 5; the weights expect 3"
+
+
+def _runs_here(library: Path) -> bool:
+    """False for a library built for another processor (a cross build)."""
+    if not _have_pyelftools():
+        return True
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    machines = {
+        "x86_64": "EM_X86_64",
+        "amd64": "EM_X86_64",
+        "aarch64": "EM_AARCH64",
+        "arm64": "EM_AARCH64",
+    }
+    try:
+        with library.open("rb") as stream:
+            built_for = ELFFile(stream)["e_machine"]
+    except ELFError:
+        return True  # not ELF: built by the platform's own toolchain, for it
+    return machines.get(platform.machine().lower(), built_for) == built_for
+
+
+def load_problem(library: Path, variant: str, ops_source: Path) -> str | None:
+    """Loads ``library`` in a fresh interpreter and has one of its kernels
+    refuse a bad argument; what went wrong, or None when Python saw lltm's
+    error, whole."""
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(library), variant, str(ops_source)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if result.returncode < 0:
+        name = signal.Signals(-result.returncode).name
+        tail = " / ".join(result.stderr.strip().splitlines()[-3:])
+        return f"a kernel's argument error killed the interpreter ({name}){': ' + tail if tail else ''}"
+    if result.returncode != 0:
+        tail = " / ".join(result.stderr.strip().splitlines()[-3:])
+        return (
+            f"the library could not be loaded and called (exit status {result.returncode}): {tail}"
+        )
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    if seen["raised"] is None:
+        return "a bad argument raised nothing"
+    if EXPECTED not in seen["message"]:
+        return (
+            f"a bad argument reached Python as {seen['raised']}({seen['message'][:200]!r}), "
+            f"not lltm's message ({EXPECTED!r} expected)"
+        )
+    return None
+
+
+def check_library(library: Path, variant: str, ops_source: Path, log=print) -> None:
+    """Stops the build (RuntimeMismatch) when ``library`` does not share
+    torch's C++ runtime or its errors do not reach Python whole."""
+    problems = static_problems(library)
+    if not _have_pyelftools():
+        log("lltm: pyelftools is not installed: the library's ELF headers are not read")
+    if _runs_here(library):
+        problem = load_problem(library, variant, ops_source)
+        if problem:
+            problems.append(problem)
+        checked = "its C++ runtime is torch's, and a kernel's error reaches Python whole"
+    else:
+        checked = "its C++ runtime is torch's (built for another processor: not loaded here)"
+    if not problems:
+        log(f"lltm: checked {library.name}: {checked}")
+        return
+    flags = requested_static_runtime()
+    asked = (
+        f" The build's environment asks for a private runtime: {', '.join(flags)}."
+        if flags
+        else (
+            " No flag of the environment asks for it: the compiler (CXX, or a wrapper around it) "
+            "links the runtime statically by itself."
+        )
+    )
+    raise RuntimeMismatch(
+        f"lltm: the library just built, {library}, would crash or garble lltm's errors: "
+        + "; ".join(problems)
+        + ". lltm's kernels report a bad argument by a C++ exception that unwinds into torch, "
+        "which needs one C++ runtime shared by both." + asked + f"\n  Fix: {FIX}."
+    )
