@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools import project_facts, torch_index
+from tools.core_tests import CORE
 from tools.machines import debian_root
 from tools.machines.debian_root import MIRROR, SUITE
 
@@ -82,52 +83,6 @@ CPU revision\t: 1
 """
 MIDR = "0x00000000413fd0c1"
 
-# The core of the test suite under emulation, where a test runs 10 to 30
-# times slower than natively and starting Python with torch takes 30 s to
-# 2.5 minutes (so: few tests that start interpreters; `lltm info` is checked
-# by test() itself). README.md says how long it takes.
-# It reaches every kernel (the cell's forward and backward, the sequence's
-# forward, backward and gate gradients), every dtype (float64 against the
-# reference to 1e-12; float32, float16 and bfloat16 against the reference's
-# own accuracy), strided, broadcast and misaligned arguments, the work split
-# between threads, gradcheck, opcheck, the fuzz (its quick profile), and the
-# choice of instruction set. Left to x86-64 and to the real arm64 runner of
-# the wheels workflow (which runs the whole suite): torch.compile, export,
-# the modules' and torch.func's Python layers, the same on every CPU.
-CORE = [
-    "tests/test_smoke.py::test_import_and_version",
-    "tests/test_smoke.py::test_cpu_step_matches_reference",
-    "tests/test_smoke.py::test_cpu_sequence_matches_a_loop_of_the_reference",
-    "tests/test_cpu_isa.py::test_this_process_runs_the_set_the_environment_asks_for",
-    # x86-64's names are refused on arm64 (a fresh interpreter: 2-3 minutes).
-    "tests/test_cpu_isa.py::test_invalid_value_is_an_error_at_every_kernel_call[avx2]",
-    "tests/test_fused_steps.py::test_tile_and_vector_edges",
-    "tests/test_fused_steps.py::test_packed_sequences",
-    "tests/test_fused_steps.py::test_blocks_of_rows_per_thread_match_one_thread",
-    "tests/test_parity.py::test_float64_matches_reference",
-    "tests/test_parity.py::test_low_precision_as_accurate_as_reference",
-    "tests/test_parity.py::test_composite_equals_native",
-    "tests/test_parity.py::test_16_bit_grad_bias_sums_unrounded_gradients",
-    "tests/test_sequence.py::test_float64_matches_loop_of_reference_cell",
-    "tests/test_sequence.py::test_native_equals_composite",
-    "tests/test_sequence.py::test_lower_precision_as_accurate_as_a_loop_in_that_precision",
-    "tests/test_sequence.py::test_gate_grads_are_what_the_backward_multiplies",
-    "tests/test_sequence.py::test_packed_sequences_match_per_sequence_loops",
-    "tests/test_sequence.py::test_gradcheck_and_gradgradcheck",
-    "tests/test_sequence.py::test_opcheck_sequence_forward",
-    "tests/test_sequence.py::test_opcheck_sequence_backward",
-    "tests/test_sequence.py::test_opcheck_sequence_gate_grads",
-    "tests/test_sequence.py::test_two_threads_match_one",
-    "tests/test_autograd.py::test_gradcheck_op",
-    "tests/test_autograd.py::test_gradgradcheck",
-    "tests/test_autograd.py::test_opcheck_forward",
-    "tests/test_autograd.py::test_opcheck_backward",
-    "tests/test_layouts.py::test_every_argument_unusual",
-    "tests/test_layouts.py::test_misaligned_arguments_give_the_results_of_aligned_ones",
-    "tests/test_threads.py::test_split_work_matches_reference",
-    "tests/test_threads.py::test_split_sequence_matches_loop_of_reference_cells",
-    "tests/test_fuzz.py",
-]
 # Again with LLTM_CPU_ISA=baseline: on arm64 it differs from neon in the
 # sequences' fused steps (register tiles of 4 rows instead of 6).
 BASELINE = [
