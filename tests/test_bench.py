@@ -17,6 +17,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -994,30 +995,141 @@ def test_compiled_reference_runs(config, capsys):
     assert rows["compiled"]["error"] is None and rows["compiled"]["step"]["min_s"] > 0
 
 
+# --- benchmarks/speedup_map.py --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def speedup_map():
+    spec = importlib.util.spec_from_file_location(
+        "speedup_map", ROOT / "benchmarks" / "speedup_map.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# A grid of batch x state, the features half the state, as gpu.sh sweeps it.
+GRID = "1x2x4,2x2x4,1x4x8,2x4x8"
+
+
+def test_speedup_map_of_a_sweep(speedup_map, tmp_path, saved_figures, capsys):
+    # The sweep's runs as gpu.sh makes them (here on the CPU, at tiny sizes):
+    # float32 and bf16 autocast, lltm's sequence op and nn.LSTM.
+    runs = []
+    for precision in ([], ["--autocast", "bf16"]):
+        run = tmp_path / f"sweep{len(runs)}.json"
+        args = ["--sizes", GRID, "--seq-len", "2", "--impl", "lltm-sequence,lstm", "--loss", "sum"]
+        assert bench.main([*FAST, *args, *precision, "-q", "--json", str(run)]) == 0
+        runs.append(run)
+    png, combined = tmp_path / "map.png", tmp_path / "all.json"
+    argv = [*map(str, runs), "--png", str(png), "--json", str(combined)]
+    assert speedup_map.main(argv) == 0
+    assert png.read_bytes()[:8] == PNG
+    # A panel per run and phase: the grid, each cell lltm's speed-up.
+    [figure] = saved_figures
+    maps = [ax for ax in figure.axes if ax.get_images()]
+    assert [ax.get_title() for ax in maps] == [
+        "float32\ntraining step, T = 2",
+        "float32\nforward, T = 2",
+        "float32 under torch.autocast(bfloat16)\ntraining step, T = 2",
+        "float32 under torch.autocast(bfloat16)\nforward, T = 2",
+    ]
+    first = json.loads(runs[0].read_text())
+    speedups = {
+        (row["batch"], row["state"]): row["step"]["speedup_vs_lstm"]
+        for row in first["results"]
+        if row["impl"] == "lltm-sequence"
+    }
+    batches, states, grid, _ = speedup_map.grid(first, "step")
+    assert (batches, states) == ([1, 2], [4, 8]) and grid == speedups
+    texts = sorted(t.get_text() for t in maps[0].texts)
+    assert texts == sorted(f"{v:.2f}" for v in speedups.values())
+    image = maps[0].get_images()[0].get_array()
+    assert image[1][0] == pytest.approx(math.log2(speedups[2, 4]))  # batch 2, state 4
+    # The reports together, read back as they were; the maps as tables.
+    assert speedup_map.load([combined]) == [json.loads(r.read_text()) for r in runs]
+    capsys.readouterr()
+    assert speedup_map.main([str(combined), "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "float32, training step, T = 2: nn.LSTM time / lltm time"
+    assert lines[2] == "| batch \\ state (features) | 4 (2) | 8 (4) |"
+    assert lines[4] == f"| 1 | {speedups[1, 4]:.2f}x | {speedups[1, 8]:.2f}x |"
+    assert sum(line.startswith("| 2 |") for line in lines) == 4  # two runs, two phases
+
+
+def test_speedup_map_names_the_path_and_failures(speedup_map):
+    persistent = "persistent, clusters: 8 groups x 16 blocks (...)"
+    per_step = "per-step (W_h does not fit)"
+    cooperative = "persistent, cooperative grid: 8 groups x 16 blocks (...)"
+    letters = speedup_map.path_letters
+    assert letters({"forward": persistent, "backward": persistent}) == "C"
+    assert letters({"forward": per_step, "backward": cooperative}) == "P/G"
+    assert letters(None) == ""
+    ok = {"step": {"speedup_vs_lstm": 2.5}, "forward": {"speedup_vs_lstm": 3.0}}
+    data = {
+        "environment": {"dtype": "float32", "seq_len": [50]},
+        "results": [
+            {"batch": 1, "state": 8, "impl": "lltm-sequence", "loss": "sum", "error": None,
+             "path": {"forward": persistent, "backward": persistent}, **ok},
+            {"batch": 1, "state": 8, "impl": "lstm", "loss": "sum", "error": None, **ok},
+            {"batch": 2, "state": 8, "impl": "lltm-sequence", "loss": "sum", "error": "OOM",
+             "step": {}, "forward": {}},
+        ],
+    }  # fmt: skip
+    table = speedup_map.markdown(data, "step").splitlines()
+    assert table[4:] == ["| 1 | 2.50x (C) |", "| 2 | - |"]
+
+
+# --- benchmarks/gpu.sh -------------------------------------------------------------
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the GPU machines run Linux")
 def test_the_prepared_gpu_run_in_a_dry_run(tmp_path):
     # benchmarks/gpu.sh --dry-run prints what it would build, test and time,
     # and writes nothing. Its bench commands are checked here by the bench's
     # own parser (the script's check of them, `$PYTHON -c ...`, would import
     # lltm in another interpreter: `true` stands in for it).
+    out = tmp_path / "out"
     result = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run"],
-        env={**os.environ, "PYTHON": "true", "OUT": str(tmp_path / "out")},
+        env={**os.environ, "PYTHON": "true", "OUT": str(out)},
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    commands = [shlex.split(line[2:]) for line in result.stdout.splitlines() if line[:2] == "+ "]
+    lines = result.stdout.splitlines()
+    commands = [shlex.split(line[2:]) for line in lines if line[:2] == "+ "]
     assert commands[1][:3] == ["env", "LLTM_VARIANT=cuda", "TORCH_CUDA_ARCH_LIST=9.0"]
-    tests = next(c for c in commands if c[1:3] == ["-m", "pytest"])
-    assert tests[tests.index("-m", 2) + 1] == "cuda and not slow"
+    # Eight minutes at most: the budget every stage's deadline is cut to.
+    [budget] = [int(line.split()[2]) for line in lines if line.startswith("=== budget: ")]
+    assert budget <= 470
+    # The tests: a crash costs one test (pytest-xdist replaces the worker);
+    # the bad-argument tests on CPU tensors too.
+    [tests] = [c for c in commands if c[1:3] == ["-m", "pytest"]]
+    assert tests[tests.index("-m", 2) + 1] == "not slow"
+    assert "-n" in tests and any(a.startswith("--max-worker-restart=") for a in tests)
+    assert {"tests/test_cuda.py", "tests/test_errors.py"} <= set(tests)
     benches = [c[c.index("bench") + 1 :] for c in commands if c[1:4] == ["-m", "lltm", "bench"]]
-    assert len(benches) == 2
-    for args in benches:
-        parsed = cli.parse(args)
-        assert parsed.device == "cuda" and parsed.seq_len == [50]
-        assert parsed.impl == [
-            "lltm-sequence", "lltm-sequence-per-step", "lstm", "lstm-notf32", "gemm"
-        ]  # fmt: skip
-    assert [str(s) for s in cli.parse(benches[0]).sizes] == ["16x32x128", "8x32x256", "64x256x512"]
-    assert cli.parse(benches[1]).inputs_grad
-    assert list((tmp_path / "out").iterdir()) == []
+    parsed = [cli.parse(args) for args in benches]
+    for args in parsed:
+        assert args.device == "cuda" and args.seq_len == [50] and args.loss == ["sum"]
+    fp32, bf16, fp16, sweep32, sweep16 = parsed
+    sizes = ["16x32x128", "8x32x256", "64x256x512", "256x256x256"]
+    assert fp32.impl == [
+        "lltm-sequence", "lltm-sequence-per-step", "lstm", "lstm-notf32", "gemm"
+    ]  # fmt: skip
+    for args, autocast in ((fp32, None), (bf16, "bf16"), (fp16, "fp16")):
+        assert [str(s) for s in args.sizes] == sizes and args.autocast == autocast
+    grid = [(b, s // 2, s) for b in (1, 4, 16, 64, 256) for s in (64, 128, 256, 512, 1024)]
+    for args, autocast in ((sweep32, None), (sweep16, "bf16")):
+        assert [(s.batch, s.features, s.state) for s in args.sizes] == grid
+        assert args.impl == ["lltm-sequence", "lstm"] and args.autocast == autocast
+    # The map, from the two sweeps' files.
+    [drawn] = [c for c in commands if c[1:2] == ["benchmarks/speedup_map.py"]]
+    assert [a for a in drawn if a.endswith(".json")] == [sweep32.json, sweep16.json]
+    # At most seven files come back (the GPU machine returns eight), and
+    # nothing is written in a dry run.
+    written = {
+        a.split("=", 1)[-1] for c in commands for a in c if a.split("=", 1)[-1].startswith(str(out))
+    }
+    assert len(written) == 7, written
+    assert list(out.iterdir()) == []
