@@ -203,7 +203,7 @@ def cpu_variant() -> dict:
             "cuda": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
             "cuda12": [f"lltm-cuda12=={VERSION}; {CUDA_PLATFORM}"],
             "cuda13": [f"lltm-cuda13=={VERSION}; {CUDA_PLATFORM}"],
-            "bench": ["rich>=13", "matplotlib>=3.7"],
+            "bench": ["rich>=13"],
         },
         entry_points={"console_scripts": ["lltm=lltm.__main__:main"]},
     )

@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
 # Everything a machine with one NVIDIA GPU is for, in one command that ends
-# well within ten minutes: build lltm's CPU library and its CUDA plugin in
-# place (for this GPU's architecture only), run the CUDA tests, and time the
-# sequence op at the GPU sizes against nn.LSTM (TF32 on and off) and the
-# matrix products alone, with the persistent kernels and without.
+# within eight minutes: build lltm's CPU library and its CUDA plugin in place
+# (for this GPU's architecture only), run the CUDA tests and the bad-argument
+# tests, time the sequence op at the GPU sizes against nn.LSTM in float32 (TF32
+# on and off, with the persistent kernels and without, the matrix products
+# alone) and under bf16 and fp16 autocast, and sweep a grid of sizes in float32
+# and under bf16 autocast into the speed-up map.
 #
 #   bash benchmarks/gpu.sh             # results into $OUT, else benchmarks/data/
 #   bash benchmarks/gpu.sh --dry-run   # what it would run (no GPU needed)
 #
 # Needs: python3 with a CUDA build of torch >= 2.11, nvcc (CUDA_HOME, else
-# /usr/local/cuda) of torch's CUDA major, ninja and pytest. No network and
-# no nox: nothing is installed; the plugin is put on PYTHONPATH from build/gpu/.
+# /usr/local/cuda) of torch's CUDA major, ninja and pytest (pytest-xdist for
+# the crash-proof test run, matplotlib for the map). No network and no nox:
+# nothing is installed; the plugin is put on PYTHONPATH from build/gpu/.
 #
-# Each stage has a deadline (`timeout`) so that the whole stays under ten
-# minutes on a 16-core machine: builds about 1.5 min, tests about 3, bench
-# about 3. A stage that fails is reported and the next one runs; the exit
-# status is that of the first failure.
+# Time: the whole run has BUDGET_S seconds (460: under eight minutes with the
+# last stage's grace period); each stage has a deadline of its own and never
+# more than what is left of the budget, so a stage that hangs costs its
+# deadline and the later ones still run. Expected on 16 cores: builds about
+# 90 s, tests 60-120 s, the bench rows about 60 s, the sweeps about 60 s. A
+# stage that fails is reported and the next one runs; the exit status is that
+# of the first failure.
+#
+# What comes back (under $OUT, seven files): the tests' JUnit XML, the float32
+# rows, the bf16 and fp16 autocast rows and the two sweeps as the bench's JSON,
+# and the map as a PNG (benchmarks/speedup_map.py redraws it from the sweeps).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,21 +43,32 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$CUDA_HOME/bin:$PATH"
 SITE=$ROOT/build/gpu/site
 STATUS=0
+BUDGET_S=460
+START=$SECONDS
 
 say() { printf '\n=== %s\n' "$*"; }
-# run DEADLINE_S COMMAND...: prints it; runs it unless --dry-run.
+fail() { [[ $STATUS != 0 ]] || STATUS=$1; }
+# run DEADLINE_S COMMAND...: prints it; runs it (unless --dry-run) for at most
+# DEADLINE_S seconds, and never past the budget.
 run() {
   local deadline=$1
   shift
+  local left=$((BUDGET_S - (SECONDS - START)))
+  ((deadline <= left)) || deadline=$left
   printf '+'
   printf ' %q' "$@"
   printf '\n'
   if [[ $DRY_RUN == 1 ]]; then return 0; fi
-  timeout --kill-after=10 "$deadline" "$@"
+  if ((deadline < 5)); then
+    echo "!!! not run: the run's ${BUDGET_S} s are spent"
+    fail 124
+    return 124
+  fi
+  timeout --kill-after=5 "$deadline" "$@"
   local rc=$?
   if [[ $rc != 0 ]]; then
     echo "!!! exit status $rc (124: past its ${deadline} s deadline): $*"
-    [[ $STATUS != 0 ]] || STATUS=$rc
+    fail $rc
   fi
   return $rc
 }
@@ -65,12 +86,13 @@ else
   MAJOR=$("$PYTHON" -c 'import torch; print(torch.version.cuda.split(".")[0])')
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
 fi
-mkdir -p "$DATA"
+mkdir -p "$DATA" "$ROOT/build/gpu"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+say "budget: ${BUDGET_S} s in all, on $JOBS cores"
 
 say "build: the CPU library, then the CUDA plugin for sm_${ARCH/./} only"
-run 300 env LLTM_VARIANT=cpu MAX_JOBS="$JOBS" "$PYTHON" setup.py -q build_ext --inplace
-run 300 env LLTM_VARIANT=cuda TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$JOBS" \
+run 90 env LLTM_VARIANT=cpu MAX_JOBS="$JOBS" "$PYTHON" setup.py -q build_ext --inplace
+run 180 env LLTM_VARIANT=cuda TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$JOBS" \
   "$PYTHON" setup.py -q build_ext --inplace
 # The in-place plugin (src/lltm_cuda/lib/lltm_cuda.so) as the package
 # lltm_cuda<major> that lltm imports.
@@ -81,35 +103,75 @@ if [[ $DRY_RUN == 0 ]]; then
   cp src/lltm_cuda/lib/lltm_cuda.so "$SITE/lltm_cuda$MAJOR/lib/"
 fi
 export PYTHONPATH="$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-run 60 "$PYTHON" -m lltm info
+run 30 "$PYTHON" -m lltm info
 
-# The files that hold the cuda tests, named: the others may import what the
-# machine lacks (hypothesis), and a collection error would stop the run.
-say "tests: pytest -m 'cuda and not slow'"
-run 240 "$PYTHON" -m pytest -m "cuda and not slow" -q -p no:cacheprovider \
-  --junitxml="$DATA/gpu_tests_$STAMP.xml" \
-  tests/test_cuda.py tests/test_cuda_devices.py tests/test_cuda_robustness.py
+# The CUDA tests and the bad-argument tests (CPU tensors: a build that
+# crashes on a bad argument shows there first), the files named: the others
+# may import what the machine lacks (hypothesis), and a collection error
+# would stop the run. Under pytest-xdist a test that kills its worker (a
+# segfault) is reported by name as a failure and the worker is replaced: a
+# crash costs one test, where in one process (or one process a file) it ends
+# every test after it. Without pytest-xdist, one process a file.
+say "tests: the CUDA tests and tests/test_errors.py (not slow), crash-proof"
+TEST_FILES=(tests/test_cuda.py tests/test_cuda_devices.py tests/test_cuda_robustness.py
+  tests/test_errors.py)
+PYTEST=("$PYTHON" -m pytest -m "not slow" -q -p no:cacheprovider)
+if [[ $DRY_RUN == 1 ]] || "$PYTHON" -c 'import xdist' 2>/dev/null; then
+  run 150 "${PYTEST[@]}" -n 8 --max-worker-restart=200 \
+    --junitxml="$DATA/gpu_tests_$STAMP.xml" "${TEST_FILES[@]}"
+else
+  echo "!!! pytest-xdist is missing: one process a file (a crash ends the rest of its file)"
+  for file in "${TEST_FILES[@]}"; do
+    run 60 "${PYTEST[@]}" "$file"
+  done
+fi
 
-say "bench: sequences at T = 50, float32"
-SIZES=16x32x128,8x32x256,64x256x512
-IMPLS=lltm-sequence,lltm-sequence-per-step,lstm,lstm-notf32,gemm
-# The tutorial's loss (output.sum() + h_n.sum() + c_n.sum()), one row each:
-# the configuration users run first, in half the time of both losses.
-BENCH=(--device cuda --seq-len 50 --impl "$IMPLS" --loss sum -r 5 -q)
-SEQ=("${BENCH[@]}" --sizes "$SIZES" --json "$DATA/gpu_seq_$STAMP.json")
-GRAD=("${BENCH[@]}" --sizes 16x32x128 --inputs-grad --json "$DATA/gpu_seq_grad_$STAMP.json")
+# The bench: the tutorial's loss (output.sum() + h_n.sum() + c_n.sum()), the
+# configuration users run first, one row each.
+BENCH=(--device cuda --seq-len 50 --loss sum -q)
+SIZES=16x32x128,8x32x256,64x256x512,256x256x256
+FP32=("${BENCH[@]}" --sizes "$SIZES" -r 5
+  --impl lltm-sequence,lltm-sequence-per-step,lstm,lstm-notf32,gemm
+  --json "$DATA/gpu_seq_$STAMP.json")
+# Mixed precision as GPU users train: the model and the loss under
+# torch.autocast("cuda", dtype), nn.LSTM under the same autocast.
+BF16=("${BENCH[@]}" --sizes "$SIZES" -r 5 --impl lltm-sequence,lstm --autocast bf16
+  --json "$DATA/gpu_autocast_bf16_$STAMP.json")
+FP16=("${BENCH[@]}" --sizes "$SIZES" -r 5 --impl lltm-sequence,lstm --autocast fp16
+  --json "$DATA/gpu_autocast_fp16_$STAMP.json")
+# The sweep: batch 1 to 256, state 64 to 1024, features half the state; lltm
+# against nn.LSTM in float32 and under bf16 autocast, with the path each
+# point took, into the speed-up map.
+GRID=""
+for batch in 1 4 16 64 256; do
+  for state in 64 128 256 512 1024; do
+    GRID+="${batch}x$((state / 2))x$state,"
+  done
+done
+GRID=${GRID%,}
+SWEEP=("${BENCH[@]}" --sizes "$GRID" -r 3 --block-seconds 0.01 --impl lltm-sequence,lstm)
+SWEEP32=("${SWEEP[@]}" --json "$DATA/gpu_sweep_float32_$STAMP.json")
+SWEEP16=("${SWEEP[@]}" --autocast bf16 --json "$DATA/gpu_sweep_bf16_$STAMP.json")
 if [[ $DRY_RUN == 1 ]]; then
   # The flags, as the bench takes them (with the lltm this Python imports).
   "$PYTHON" -c 'import shlex, sys; from lltm.bench import cli; [cli.parse(shlex.split(a)) for a in sys.argv[1:]]' \
-    "${SEQ[*]@Q}" "${GRAD[*]@Q}" || STATUS=1
+    "${FP32[*]@Q}" "${BF16[*]@Q}" "${FP16[*]@Q}" "${SWEEP32[*]@Q}" "${SWEEP16[*]@Q}" || fail 1
 fi
-run 150 "$PYTHON" -m lltm bench "${SEQ[@]}"
-run 90 "$PYTHON" -m lltm bench "${GRAD[@]}"
+
+say "bench: sequences at T = 50, float32, then bf16 and fp16 autocast"
+run 60 "$PYTHON" -m lltm bench "${FP32[@]}"
+run 40 "$PYTHON" -m lltm bench "${BF16[@]}"
+run 40 "$PYTHON" -m lltm bench "${FP16[@]}"
+say "sweep: the speed-up map, float32 and bf16 autocast"
+run 75 "$PYTHON" -m lltm bench "${SWEEP32[@]}"
+run 75 "$PYTHON" -m lltm bench "${SWEEP16[@]}"
+run 30 "$PYTHON" benchmarks/speedup_map.py --png "$DATA/gpu_speedup_map_$STAMP.png" --markdown \
+  "$DATA/gpu_sweep_float32_$STAMP.json" "$DATA/gpu_sweep_bf16_$STAMP.json"
 if [[ $DRY_RUN == 0 ]]; then
-  for file in "$DATA"/gpu_seq_"$STAMP".json "$DATA"/gpu_seq_grad_"$STAMP".json; do
+  for file in "$DATA"/gpu_seq_"$STAMP".json "$DATA"/gpu_autocast_*_"$STAMP".json; do
     [[ -f $file ]] && "$PYTHON" benchmarks/render.py "$file" || true
   done
 fi
 
-say "done: results in $DATA (status $STATUS)"
+say "done in $((SECONDS - START)) s: results in $DATA (status $STATUS)"
 exit "$STATUS"

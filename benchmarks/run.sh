@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The runs behind benchmarks/RESULTS.md, one JSON each in benchmarks/data/;
-# `python benchmarks/render.py data/FILE.json` turns one back into its table.
-# Needs lltm installed (e.g. `nox -s bench` builds it; or an in-place build
-# with PYTHONPATH=src). Takes about an hour on 2 cores; keep the machine
-# otherwise idle.
+# `python benchmarks/render.py data/FILE.json` turns one back into its table
+# (and with --plot into its figure). Needs lltm installed (e.g. `nox -s bench`
+# builds it; or an in-place build with PYTHONPATH=src) and matplotlib. Takes
+# about an hour on 2 cores; keep the machine otherwise idle.
 set -euo pipefail
 cd "$(dirname "$0")"
 bench() { python -m lltm bench -q "$@"; }
@@ -28,7 +28,8 @@ for threads in 1 2; do
 done
 # Time against sequence length, with its plot.
 bench --seq-len 1,5,10,25,50,100 --threads 1 --impl all -r 5 \
-  --json data/sequence_lengths_1thread.json --plot sequence_lengths_1thread.png
+  --json data/sequence_lengths_1thread.json
+python render.py data/sequence_lengths_1thread.json --plot sequence_lengths_1thread.png >/dev/null
 
 # Per-sample gradients, 32 samples of T = 50 at the tutorial's size: five runs
 # per thread count, taking turns, since one run's ratios move by tens of per
@@ -42,4 +43,5 @@ done
 # Per-sample gradients against the number of samples, with its plot.
 bench --per-sample --sizes 1x32x128,4x32x128,8x32x128,16x32x128,32x32x128,64x32x128,128x32x128 \
   --threads 1 --impl lltm-loop,lltm-vmap,lltm-batched -r 9 \
-  --json data/per_sample_samples_1thread.json --plot per_sample_samples_1thread.png
+  --json data/per_sample_samples_1thread.json
+python render.py data/per_sample_samples_1thread.json --plot per_sample_samples_1thread.png >/dev/null

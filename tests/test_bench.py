@@ -1,8 +1,10 @@
 """``python -m lltm bench`` runs end to end: functional checks at tiny sizes.
 
 No timing is asserted: these tests only prove that every output the README
-and benchmarks/RESULTS.md rely on (table, --json, --plot, --sweep, --seq-len,
---per-sample, benchmarks/render.py) is produced, and that what is timed is
+and benchmarks/RESULTS.md rely on (table, --json, --sweep, --seq-len,
+--per-sample, --autocast; benchmarks/render.py's tables and plots,
+benchmarks/speedup_map.py's map, benchmarks/gpu.sh's commands) is produced,
+and that what is timed is
 what the table says: which tensors require grad, the same weights for every
 LLTM implementation, the matrix products of the GEMM floor, per-sample
 gradients that are each sample's own. torch.compile is left
@@ -11,8 +13,11 @@ out (its warm-up alone takes seconds) except in one test marked slow.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -127,7 +132,7 @@ def test_both_losses_give_the_same_gradients(impl, seq_len):
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
-def test_the_loss_is_a_column_and_speed_ups_compare_the_same_loss(capsys):
+def test_the_loss_is_a_column_and_speed_ups_compare_the_same_loss(render, capsys):
     report = _run_json(capsys, "--impl", "lltm")
     assert report["environment"]["losses"] == ["sum", "dense"]
     assert [(r["loss"], r["impl"]) for r in report["results"]] == [
@@ -139,7 +144,7 @@ def test_the_loss_is_a_column_and_speed_ups_compare_the_same_loss(capsys):
     for row in report["results"]:
         if row["impl"] == "reference":
             assert row["step"]["speedup_vs_reference"] == pytest.approx(1.0)
-    header, rows = bench.report.table_rows(*bench.from_json(report))
+    header, rows = bench.report.table_rows(*render.from_json(report))
     assert header[:3] == ["size", "loss", "impl"]
     assert [row[1] for row in rows] == ["sum", "sum", "dense", "dense"]
     with pytest.raises(SystemExit):
@@ -205,19 +210,23 @@ def _panels(figure):
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _plotted(args: list[str], path: Path, saved_figures: list) -> list:
-    """The panels of the one figure `lltm bench ARGS --plot PATH` saves as a PNG."""
-    assert bench.main([*FAST, *args, "-q", "--plot", str(path)]) == 0
+def _plotted(render, args: list[str], path: Path, saved_figures: list) -> list:
+    """The panels of the one figure `render.py RUN.json --plot PATH` saves as a
+    PNG, of the run `lltm bench ARGS` writes."""
+    data = path.with_suffix(".json")
+    assert bench.main([*FAST, *args, "-q", "--json", str(data)]) == 0
+    with contextlib.redirect_stdout(io.StringIO()):  # its markdown
+        assert render.main([str(data), "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == PNG
     [figure] = saved_figures
     return _panels(figure)
 
 
-def test_plot_writes_a_png(tmp_path, saved_figures):
+def test_plot_writes_a_png(render, tmp_path, saved_figures):
     args = [*EAGER, "--sizes", "2x3x4,3x2x5"]
     # What is drawn: time per size for every implementation, speed-ups
     # against the reference for the others.
-    panels = _plotted(args, tmp_path / "bench.png", saved_figures)
+    panels = _plotted(render, args, tmp_path / "bench.png", saved_figures)
     (xlabel, ticks, times), (_, _, speedups) = panels
     assert (xlabel, ticks) == ("batch x features x state", ["2x3x4", "3x2x5"])
     assert set(times) == {"reference", "lltm", "lstmcell", "GEMMs only"}
@@ -226,8 +235,8 @@ def test_plot_writes_a_png(tmp_path, saved_figures):
     assert "reference step" not in speedups
 
 
-def test_plot_axis_names_what_varies():
-    axis = bench.report._axis
+def test_plot_axis_names_what_varies(render):
+    axis = render._axis
     cells = [kinds.Size(2, 3, 4), kinds.Size(3, 2, 5)]
     assert axis(cells, "batch") == (["2x3x4", "3x2x5"], "batch x features x state")
     lengths = [kinds.Size(2, 3, 4, t) for t in (5, 10)]
@@ -399,7 +408,7 @@ def test_scoped_implementations_are_another_in_a_setting(impl, same_as, setting,
     assert case.saved_for_backward() == other.saved_for_backward()
 
 
-def test_the_table_names_the_sequence_ops_path():
+def test_the_table_names_the_sequence_ops_path(render):
     # On a GPU, lltm-sequence's rows say which path ran (clusters, a
     # cooperative grid or per-step); the JSON keeps the plugin's description.
     size = kinds.Size(16, 32, 128, seq_len=50)
@@ -419,7 +428,7 @@ def test_the_table_names_the_sequence_ops_path():
            "inputs_grad": False, "seq_len": [50]}  # fmt: skip
     report = bench.report.to_json(results, env)
     assert [row.get("path") for row in report["results"]] == list(paths.values())
-    header, rows = bench.report.table_rows(*bench.from_json(report))
+    header, rows = bench.report.table_rows(*render.from_json(report))
     labels = [row[header.index("impl")] for row in rows]
     assert labels == ["lltm-sequence (clusters)", "lltm-sequence-per-step (per-step)", "lltm-loop"]
     # On the CPU there is nothing to name.
@@ -427,7 +436,7 @@ def test_the_table_names_the_sequence_ops_path():
 
 
 @pytest.mark.parametrize("inputs_grad", [False, True], ids=["parameters", "inputs-grad"])
-def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys):
+def test_sequence_rates_of_the_products_against_a_large_gemm(render, inputs_grad, capsys):
     # Every LLTM implementation's step rate in GFLOP/s of the products it
     # needs, and that against a large GEMM timed in the same run.
     report = _run_json(
@@ -450,12 +459,12 @@ def test_sequence_rates_of_the_products_against_a_large_gemm(inputs_grad, capsys
             assert row[phase]["gflops"] == pytest.approx(gflops)
             assert row[phase]["of_large_gemm"] == pytest.approx(gflops / large["gflops"])
     # The table: the step's rate and fraction, the large GEMM's in the title.
-    header, rows = bench.report.table_rows(*bench.from_json(report))
+    header, rows = bench.report.table_rows(*render.from_json(report))
     column = header.index("step GFLOP/s (of the large GEMM's)")
     by_impl = {row[header.index("impl")]: row[column] for row in rows}
     assert by_impl["lstm"] == by_impl["lstm-notf32"] == "-"
     assert all("(" in by_impl[impl] for impl in SEQUENCE_IMPLS if not impl.startswith("lstm"))
-    title = bench.report.title(bench.from_json(report)[1])
+    title = bench.report.title(render.from_json(report)[1])
     assert f"a large GEMM (torch.mm, {large['n']}^3) ran at" in title
 
 
@@ -470,12 +479,12 @@ def test_product_flops_are_those_of_the_gemm_floor(inputs_grad):
     assert counted["step"] == forward + backward
 
 
-def test_cells_and_per_sample_count_no_products(capsys):
+def test_cells_and_per_sample_count_no_products(render, capsys):
     for args in ([], ["--per-sample", "--seq-len", "2", "--impl", "lltm-vmap"]):
         report = _run_json(capsys, *args)
         assert "large_gemm" not in report["environment"]
         assert all("flops" not in row for row in report["results"])
-        header, _ = bench.report.table_rows(*bench.from_json(report))
+        header, _ = bench.report.table_rows(*render.from_json(report))
         assert not any("GFLOP/s" in column for column in header)
 
 
@@ -485,10 +494,12 @@ def test_large_gemm_is_square_of_the_runs_dtype():
     assert out.shape == (n, n) and out.dtype == torch.float64 and operations == 2 * n**3
 
 
-def test_sequence_plot_against_length(tmp_path, saved_figures):
+def test_sequence_plot_against_length(render, tmp_path, saved_figures):
     # Time, speed-up against the reference loop and against nn.LSTM, each
     # against the sequence length.
-    panels = _plotted(["--seq-len", "2,3", "--impl", "all"], tmp_path / "seq.png", saved_figures)
+    panels = _plotted(
+        render, ["--seq-len", "2,3", "--impl", "all"], tmp_path / "seq.png", saved_figures
+    )
     assert len(panels) == 3
     for xlabel, ticks, lines in panels:
         assert xlabel == "sequence length T (at 2x3x4)" and ticks == ["2", "3"]
@@ -497,7 +508,7 @@ def test_sequence_plot_against_length(tmp_path, saved_figures):
     assert "lltm-sequence step" in panels[1][2] and "lltm-sequence step" in panels[2][2]
 
 
-def test_sequence_with_several_sizes(capsys):
+def test_sequence_with_several_sizes(render, capsys):
     report = _run_json(
         capsys, "--sizes", "2x3x4,1x2x3", "--seq-len", "2", "--impl", "lltm-loop", "--loss", "sum"
     )
@@ -508,7 +519,7 @@ def test_sequence_with_several_sizes(capsys):
         (1, 2, "sum", "lltm-loop"),
     ]
     # nn.LSTM not asked for: no column compares with it.
-    header, _ = bench.report.table_rows(*bench.from_json(report))
+    header, _ = bench.report.table_rows(*render.from_json(report))
     assert not any("nn.LSTM" in column for column in header)
 
 
@@ -607,7 +618,7 @@ def test_per_sample_plot_and_render(render, tmp_path, saved_figures, capsys):
     args = ["--per-sample", "--seq-len", "2,3", "--json", str(data)]
     # Time, speed-up against lltm-loop and against nn.LSTM under vmap, each
     # against the sequence length; speed-ups of the step only.
-    panels = _plotted(args, tmp_path / "per_sample.png", saved_figures)
+    panels = _plotted(render, args, tmp_path / "per_sample.png", saved_figures)
     assert len(panels) == 3
     for xlabel, ticks, _ in panels:
         assert xlabel == "sequence length T (at 2x3x4)" and ticks == ["2", "3"]
@@ -695,7 +706,7 @@ def test_overhead_table(capsys):
 def test_overhead_plot_and_render(render, tmp_path, saved_figures, capsys):
     data = tmp_path / "overhead.json"
     args = ["--overhead", "--sizes", "1x2x2,2x2x2", "--json", str(data)]
-    panels = _plotted(args, tmp_path / "overhead.png", saved_figures)
+    panels = _plotted(render, args, tmp_path / "overhead.png", saved_figures)
     assert len(panels) == 3  # time, against the reference, against nn.LSTMCell
     drawn = [{label for label in lines if not label.startswith("_")} for _, _, lines in panels]
     assert drawn[0] == set(OVERHEAD_IMPLS)
@@ -758,6 +769,72 @@ def test_gemm_floor_of_a_sequence(inputs_grad):
     assert _flops(case) == (forward, backward)
 
 
+# --- Mixed precision (--autocast) -----------------------------------------------
+
+
+@pytest.mark.parametrize("seq_len", [None, 2], ids=["cell", "sequence"])
+def test_autocast_runs_every_implementation_in_16_bits(render, seq_len, capsys):
+    lengths = [] if seq_len is None else ["--seq-len", str(seq_len)]
+    impls = "lltm,lstmcell,gemm" if seq_len is None else "lltm-sequence,lstm,gemm"
+    report = _run_json(capsys, *lengths, "--impl", impls, "--loss", "sum", "--autocast", "bf16")
+    env = report["environment"]
+    assert (env["dtype"], env["autocast"]) == ("float32", "bfloat16")
+    assert all(row["error"] is None for row in report["results"])
+    assert "float32 under torch.autocast(bfloat16) on cpu" in bench.report.title(env)
+    if seq_len is not None:  # the products' rate against a 16-bit large GEMM
+        assert report["environment"]["large_gemm"]["gflops"] > 0
+    # render.py reads it back with the same title.
+    assert render.from_json(report)[1]["autocast"] == "bfloat16"
+
+
+@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("impl", ["lltm-sequence", "lstm", "gemm"])
+def test_autocast_holds_the_model_and_loss_not_the_backward(impl, autocast, monkeypatch):
+    # As mixed-precision training runs them: the model and its loss inside
+    # torch.autocast, the backward outside; float32 weights and inputs.
+    if impl == "lstm" and autocast == torch.float16:
+        pytest.skip("nn.LSTM has no float16 CPU kernel (oneDNN refuses the primitive)")
+    size = kinds.Size(2, 3, 4, seq_len=2, loss="sum")
+    case = cases.make_case(impl, size, CPU, torch.float32, autocast=autocast)
+    if impl == "gemm":
+        assert all(t.dtype == autocast for t in case.forward() + case.backward())
+        return
+    assert all(t.dtype == torch.float32 for t in case.inputs)
+    outputs = case.forward()
+    assert all(t.dtype == autocast for t in outputs)
+    seen = []
+    real_call = case.call
+
+    def call():
+        seen.append(("model", torch.is_autocast_enabled("cpu")))
+        outputs = real_call()
+        outputs[0].register_hook(
+            lambda grad: seen.append(("backward", torch.is_autocast_enabled("cpu")))
+        )
+        return outputs
+
+    monkeypatch.setattr(case, "call", call)
+    case.step()
+    assert seen == [("model", True), ("backward", False)]
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in case.leaves)
+    # Without autocast, all in float32.
+    plain = cases.make_case(impl, size, CPU, torch.float32)
+    assert all(t.dtype == torch.float32 for t in plain.forward())
+
+
+def test_autocast_names_the_16_bit_path(monkeypatch, capsys):
+    # On a GPU the sequence op's path is the plugin's answer for the dtype it
+    # runs in: the autocast's.
+    asked = []
+
+    def sequence_path(impl, size, device, dtype):
+        asked.append(dtype)
+
+    monkeypatch.setattr(cli, "sequence_path", sequence_path)
+    _run_json(capsys, "--seq-len", "2", "--impl", "lltm-sequence", "--autocast", "fp16")
+    assert asked and set(asked) == {torch.float16}
+
+
 # --- Arguments -------------------------------------------------------------------
 
 
@@ -779,8 +856,14 @@ def test_gemm_floor_of_a_sequence(inputs_grad):
         (["--overhead", "--impl", "gemm"], "no overhead implementation gemm"),
         (["--overhead", "--seq-len", "2"], "--overhead times one cell step"),
         (["--overhead", "--per-sample"], "one kind of case per run"),
+        (["--autocast", "int8"], "invalid choice"),
+        (["--autocast", "bf16", "--dtype", "float64"], "--dtype float32 only"),
+        (["--autocast", "bf16", "-d"], "--dtype float32 only"),
+        (["--autocast", "bf16", "--per-sample"], "run under autocast, not per-sample"),
+        (["--autocast", "fp16", "--overhead"], "run under autocast, not overhead"),
+        (["--plot", "x.png"], "unrecognized arguments: --plot"),
     ],
-    ids=["impl", "impl-case", "impl-sequence", "sizes", "sizes-4", "dtype", "runs", "seq-0", "seq-x", "seq-empty", "impl-per-sample", "per-sample-inputs-grad", "overhead-impl", "overhead-seq", "overhead-per-sample"],
+    ids=["impl", "impl-case", "impl-sequence", "sizes", "sizes-4", "dtype", "runs", "seq-0", "seq-x", "seq-empty", "impl-per-sample", "per-sample-inputs-grad", "overhead-impl", "overhead-seq", "overhead-per-sample", "autocast", "autocast-float64", "autocast-double", "autocast-per-sample", "autocast-overhead", "plot-moved"],
 )  # fmt: skip
 def test_bad_arguments_exit_with_a_message(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -893,9 +976,9 @@ def test_render_across_repeated_runs(render, tmp_path, capsys):
     ],
     ids=["sequence", "per-sample", "overhead"],
 )
-def test_json_round_trip(args, kind, capsys):
+def test_json_round_trip(render, args, kind, capsys):
     report = _run_json(capsys, *args)
-    results, env = bench.from_json(report)
+    results, env = render.from_json(report)
     again = bench.to_json(results, env)
     assert again["environment"] == env == report["environment"]
     for old, new in zip(report["results"], again["results"], strict=True):
@@ -912,30 +995,141 @@ def test_compiled_reference_runs(config, capsys):
     assert rows["compiled"]["error"] is None and rows["compiled"]["step"]["min_s"] > 0
 
 
+# --- benchmarks/speedup_map.py --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def speedup_map():
+    spec = importlib.util.spec_from_file_location(
+        "speedup_map", ROOT / "benchmarks" / "speedup_map.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# A grid of batch x state, the features half the state, as gpu.sh sweeps it.
+GRID = "1x2x4,2x2x4,1x4x8,2x4x8"
+
+
+def test_speedup_map_of_a_sweep(speedup_map, tmp_path, saved_figures, capsys):
+    # The sweep's runs as gpu.sh makes them (here on the CPU, at tiny sizes):
+    # float32 and bf16 autocast, lltm's sequence op and nn.LSTM.
+    runs = []
+    for precision in ([], ["--autocast", "bf16"]):
+        run = tmp_path / f"sweep{len(runs)}.json"
+        args = ["--sizes", GRID, "--seq-len", "2", "--impl", "lltm-sequence,lstm", "--loss", "sum"]
+        assert bench.main([*FAST, *args, *precision, "-q", "--json", str(run)]) == 0
+        runs.append(run)
+    png, combined = tmp_path / "map.png", tmp_path / "all.json"
+    argv = [*map(str, runs), "--png", str(png), "--json", str(combined)]
+    assert speedup_map.main(argv) == 0
+    assert png.read_bytes()[:8] == PNG
+    # A panel per run and phase: the grid, each cell lltm's speed-up.
+    [figure] = saved_figures
+    maps = [ax for ax in figure.axes if ax.get_images()]
+    assert [ax.get_title() for ax in maps] == [
+        "float32\ntraining step, T = 2",
+        "float32\nforward, T = 2",
+        "float32 under torch.autocast(bfloat16)\ntraining step, T = 2",
+        "float32 under torch.autocast(bfloat16)\nforward, T = 2",
+    ]
+    first = json.loads(runs[0].read_text())
+    speedups = {
+        (row["batch"], row["state"]): row["step"]["speedup_vs_lstm"]
+        for row in first["results"]
+        if row["impl"] == "lltm-sequence"
+    }
+    batches, states, grid, _ = speedup_map.grid(first, "step")
+    assert (batches, states) == ([1, 2], [4, 8]) and grid == speedups
+    texts = sorted(t.get_text() for t in maps[0].texts)
+    assert texts == sorted(f"{v:.2f}" for v in speedups.values())
+    image = maps[0].get_images()[0].get_array()
+    assert image[1][0] == pytest.approx(math.log2(speedups[2, 4]))  # batch 2, state 4
+    # The reports together, read back as they were; the maps as tables.
+    assert speedup_map.load([combined]) == [json.loads(r.read_text()) for r in runs]
+    capsys.readouterr()
+    assert speedup_map.main([str(combined), "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "float32, training step, T = 2: nn.LSTM time / lltm time"
+    assert lines[2] == "| batch \\ state (features) | 4 (2) | 8 (4) |"
+    assert lines[4] == f"| 1 | {speedups[1, 4]:.2f}x | {speedups[1, 8]:.2f}x |"
+    assert sum(line.startswith("| 2 |") for line in lines) == 4  # two runs, two phases
+
+
+def test_speedup_map_names_the_path_and_failures(speedup_map):
+    persistent = "persistent, clusters: 8 groups x 16 blocks (...)"
+    per_step = "per-step (W_h does not fit)"
+    cooperative = "persistent, cooperative grid: 8 groups x 16 blocks (...)"
+    letters = speedup_map.path_letters
+    assert letters({"forward": persistent, "backward": persistent}) == "C"
+    assert letters({"forward": per_step, "backward": cooperative}) == "P/G"
+    assert letters(None) == ""
+    ok = {"step": {"speedup_vs_lstm": 2.5}, "forward": {"speedup_vs_lstm": 3.0}}
+    data = {
+        "environment": {"dtype": "float32", "seq_len": [50]},
+        "results": [
+            {"batch": 1, "state": 8, "impl": "lltm-sequence", "loss": "sum", "error": None,
+             "path": {"forward": persistent, "backward": persistent}, **ok},
+            {"batch": 1, "state": 8, "impl": "lstm", "loss": "sum", "error": None, **ok},
+            {"batch": 2, "state": 8, "impl": "lltm-sequence", "loss": "sum", "error": "OOM",
+             "step": {}, "forward": {}},
+        ],
+    }  # fmt: skip
+    table = speedup_map.markdown(data, "step").splitlines()
+    assert table[4:] == ["| 1 | 2.50x (C) |", "| 2 | - |"]
+
+
+# --- benchmarks/gpu.sh -------------------------------------------------------------
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the GPU machines run Linux")
 def test_the_prepared_gpu_run_in_a_dry_run(tmp_path):
     # benchmarks/gpu.sh --dry-run prints what it would build, test and time,
     # and writes nothing. Its bench commands are checked here by the bench's
     # own parser (the script's check of them, `$PYTHON -c ...`, would import
     # lltm in another interpreter: `true` stands in for it).
+    out = tmp_path / "out"
     result = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run"],
-        env={**os.environ, "PYTHON": "true", "OUT": str(tmp_path / "out")},
+        env={**os.environ, "PYTHON": "true", "OUT": str(out)},
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    commands = [shlex.split(line[2:]) for line in result.stdout.splitlines() if line[:2] == "+ "]
+    lines = result.stdout.splitlines()
+    commands = [shlex.split(line[2:]) for line in lines if line[:2] == "+ "]
     assert commands[1][:3] == ["env", "LLTM_VARIANT=cuda", "TORCH_CUDA_ARCH_LIST=9.0"]
-    tests = next(c for c in commands if c[1:3] == ["-m", "pytest"])
-    assert tests[tests.index("-m", 2) + 1] == "cuda and not slow"
+    # Eight minutes at most: the budget every stage's deadline is cut to.
+    [budget] = [int(line.split()[2]) for line in lines if line.startswith("=== budget: ")]
+    assert budget <= 470
+    # The tests: a crash costs one test (pytest-xdist replaces the worker);
+    # the bad-argument tests on CPU tensors too.
+    [tests] = [c for c in commands if c[1:3] == ["-m", "pytest"]]
+    assert tests[tests.index("-m", 2) + 1] == "not slow"
+    assert "-n" in tests and any(a.startswith("--max-worker-restart=") for a in tests)
+    assert {"tests/test_cuda.py", "tests/test_errors.py"} <= set(tests)
     benches = [c[c.index("bench") + 1 :] for c in commands if c[1:4] == ["-m", "lltm", "bench"]]
-    assert len(benches) == 2
-    for args in benches:
-        parsed = cli.parse(args)
-        assert parsed.device == "cuda" and parsed.seq_len == [50]
-        assert parsed.impl == [
-            "lltm-sequence", "lltm-sequence-per-step", "lstm", "lstm-notf32", "gemm"
-        ]  # fmt: skip
-    assert [str(s) for s in cli.parse(benches[0]).sizes] == ["16x32x128", "8x32x256", "64x256x512"]
-    assert cli.parse(benches[1]).inputs_grad
-    assert list((tmp_path / "out").iterdir()) == []
+    parsed = [cli.parse(args) for args in benches]
+    for args in parsed:
+        assert args.device == "cuda" and args.seq_len == [50] and args.loss == ["sum"]
+    fp32, bf16, fp16, sweep32, sweep16 = parsed
+    sizes = ["16x32x128", "8x32x256", "64x256x512", "256x256x256"]
+    assert fp32.impl == [
+        "lltm-sequence", "lltm-sequence-per-step", "lstm", "lstm-notf32", "gemm"
+    ]  # fmt: skip
+    for args, autocast in ((fp32, None), (bf16, "bf16"), (fp16, "fp16")):
+        assert [str(s) for s in args.sizes] == sizes and args.autocast == autocast
+    grid = [(b, s // 2, s) for b in (1, 4, 16, 64, 256) for s in (64, 128, 256, 512, 1024)]
+    for args, autocast in ((sweep32, None), (sweep16, "bf16")):
+        assert [(s.batch, s.features, s.state) for s in args.sizes] == grid
+        assert args.impl == ["lltm-sequence", "lstm"] and args.autocast == autocast
+    # The map, from the two sweeps' files.
+    [drawn] = [c for c in commands if c[1:2] == ["benchmarks/speedup_map.py"]]
+    assert [a for a in drawn if a.endswith(".json")] == [sweep32.json, sweep16.json]
+    # At most seven files come back (the GPU machine returns eight), and
+    # nothing is written in a dry run.
+    written = {
+        a.split("=", 1)[-1] for c in commands for a in c if a.split("=", 1)[-1].startswith(str(out))
+    }
+    assert len(written) == 7, written
+    assert list(out.iterdir()) == []

@@ -5,8 +5,10 @@
 // (lltm_cuda_persistent.cuh), else step by step, last first, one fused
 // kernel for d_gates_t and the gradient of c_prev (in place), then the
 // gradient of h_prev = d_gates_t @ W_h (lltm_cuda_recurrent.cuh;
-// sequence_gate_grads is this alone). After the loop: grad_weights = d_gates^T @ [h_prev, input],
-// grad_input = d_gates @ W_x (one GEMM each) and grad_bias = a column sum of
+// sequence_gate_grads is this alone). After the recurrence, as many device
+// operations whatever the length: grad_weights = d_gates^T @ [h_prev, input]
+// from views of output, old_h and input (lltm_cuda_sequence_weights.cuh),
+// grad_input = d_gates @ W_x (one GEMM) and grad_bias = a column sum of
 // d_gates (16-bit: each step's d_gates summed in float32 before they are
 // rounded, as on the CPU). See lltm_cuda_sequence.cuh.
 #include <torch/csrc/stable/library.h>
@@ -30,6 +32,7 @@
 #include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
 #include "lltm_cuda_sequence.cuh"
+#include "lltm_cuda_sequence_weights.cuh"
 #include "lltm_cuda_torch_ops.cuh"
 
 namespace lltm::cuda {
@@ -185,24 +188,8 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
 
   std::optional<Tensor> grad_input, grad_weights;
   if (want.weights) {
-    // [h_prev, input] of every row, then one GEMM over all steps.
     grad_weights = new_matrix(weights, 3 * S, S + n.features);
-    Tensor x = new_matrix(input, n.rows, S + n.features);
-    const Tensor output_rows = as_rows(dense(output), n, S);
-    const Tensor h0 = dense(old_h);
-    for (int64_t k = 0; k < schedule.steps(); ++k) {
-      const int64_t start = schedule.starts[schedule.step(k)];
-      previous_state_blocks(
-          schedule, k, output_rows, h0, [&](int64_t first, int64_t count, const Tensor& h_prev) {
-            Tensor to = column_block(row_block(x, start + first, count), 0, S, false);
-            copy_into(to, h_prev);
-          });
-    }
-    if (n.rows > 0 && n.features > 0) {
-      Tensor to = column_block(x, S, n.features, false);
-      copy_into(to, as_rows(dense(input), n, n.features));
-    }
-    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
+    sequence_weights_grad(*grad_weights, d_gates, n, schedule, output, input, old_h);
   }
   if (want.input) {
     grad_input = new_sequence_tensor(input, n, n.features);

@@ -18,7 +18,8 @@ csrc/lltm_ops.cpp (compiled again under that namespace), and carries the CUDA
 plugin's own C functions (csrc/cuda/module.cpp, read as the plugin's ``_C``
 reads them) and a Python module, ``emulation``, the controls of the emulated
 GPU (an H100 until a test sets otherwise; ``reset()`` restores it), its
-schedules (``set_schedule``, ``drop_barrier``) and the probes of
+schedules (``set_schedule``, ``drop_barrier``), the counts of the launches and
+torch shim calls the CUDA sources make (``calls()``) and the probes of
 tests/test_cuda_host.py.
 
 :func:`routed` makes lltm's own ops run them: for its duration the CPU

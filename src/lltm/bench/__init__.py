@@ -113,8 +113,13 @@ forward's autograd graph keeps for backward
 (torch.autograd.graph.saved_tensors_hooks), in all and beyond the inputs and
 parameters themselves.
 
-Extras (pip install 'lltm[bench]'): rich for the table and progress bar,
-matplotlib for --plot.
+Mixed precision (--autocast bf16 or fp16; cells and sequences): the float32
+model and its loss run under torch.autocast(device, bfloat16 or float16), the
+backward outside it, as Lightning's precision="bf16-mixed" trains; every
+implementation alike (nn.LSTM too), the GEMM floor's products and the large
+GEMM in the 16-bit dtype.
+
+Extras (pip install 'lltm[bench]'): rich for the table and progress bar.
 """
 
 from __future__ import annotations
@@ -122,7 +127,7 @@ from __future__ import annotations
 from .cases import Case, make_case
 from .cli import main, parser, run
 from .kinds import CELL, KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, PHASES, SEQUENCE, Kind, Size
-from .report import from_json, to_json
+from .report import to_json
 from .timing import Result, measure
 
 __all__ = [
@@ -137,7 +142,6 @@ __all__ = [
     "Kind",
     "Result",
     "Size",
-    "from_json",
     "main",
     "make_case",
     "measure",

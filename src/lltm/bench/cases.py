@@ -37,6 +37,7 @@ from torch import Tensor
 from .. import reference
 from ..module import LLTM, LLTMSequence
 from .kinds import (
+    AUTOCAST_KINDS,
     PER_SAMPLE,
     Kind,
     Size,
@@ -82,6 +83,11 @@ class Case:
         return None
 
 
+# The arithmetic a case's model and loss run in: a context entered around
+# them (torch.autocast for mixed precision), or none.
+Precision = Callable[[], AbstractContextManager[Any]]
+
+
 class AutogradCase(Case):
     """A module called on fixed inputs, differentiated by autograd.
 
@@ -92,7 +98,10 @@ class AutogradCase(Case):
     leaves' ``.grad``; "dense" with autograd handed dense ones, the gradient
     of that sum, for each output. ``inputs`` are every tensor the call reads,
     parameters included; the backward phases differentiate with respect to
-    those among them that require grad, and only those.
+    those among them that require grad, and only those. ``precision``
+    is entered around the model and the loss (``torch.autocast`` for mixed
+    precision, as Lightning's ``precision="bf16-mixed"`` does), never around
+    the backward.
     """
 
     def __init__(
@@ -101,41 +110,51 @@ class AutogradCase(Case):
         call: Callable[[], Sequence[Tensor]],
         inputs: Sequence[Tensor],
         loss: str = "dense",
+        precision: Precision = contextlib.nullcontext,
     ) -> None:
         super().__init__(impl)
         self.call = call
         self.inputs = list(inputs)
         self.leaves = [t for t in self.inputs if t.requires_grad]
         self.loss = loss
+        self._precision = precision
         self._graph: tuple[Tensor, ...] | None = None
         self._ones: tuple[Tensor, ...] | None = None
         self._summed: Tensor | None = None
 
     def forward(self) -> Any:
         """Calls the module."""
-        return self.call()
+        with self._precision():
+            return self.call()
 
     def no_grad(self) -> Any:
         """Calls the module under ``torch.no_grad()``."""
-        with torch.no_grad():
+        with torch.no_grad(), self._precision():
             return self.call()
 
     def backward(self) -> Any:
         """Gradients of the leaves, from one graph kept for every backward block."""
         if self._graph is None:  # one graph, kept for every backward block
-            self._graph = tuple(self.call())
+            with self._precision():
+                self._graph = tuple(self.call())
+                self._summed = _summed(self._graph)
             self._ones = tuple(torch.ones_like(t) for t in self._graph)
-            self._summed = _summed(self._graph)
         if self.loss == "sum":
             assert self._summed is not None
             return self._summed.backward(retain_graph=True)
         return torch.autograd.grad(self._graph, self.leaves, self._ones, retain_graph=True)
 
     def step(self) -> Any:
-        """Calls the module and differentiates its outputs' sum."""
-        outputs = tuple(self.call())
-        if self.loss == "sum":
-            return _summed(outputs).backward()
+        """Calls the module and differentiates its outputs' sum.
+
+        The model and the loss run in the case's precision, the backward
+        outside it, as mixed-precision training runs them.
+        """
+        with self._precision():
+            outputs = tuple(self.call())
+            summed = _summed(outputs) if self.loss == "sum" else None
+        if summed is not None:
+            return summed.backward()
         if self._ones is None:
             self._ones = tuple(torch.ones_like(t) for t in outputs)
         return torch.autograd.grad(outputs, self.leaves, self._ones)
@@ -182,8 +201,9 @@ class ScopedCase(AutogradCase):
         inputs: Sequence[Tensor],
         scope: Callable[[], AbstractContextManager[None]],
         loss: str = "dense",
+        precision: Precision = contextlib.nullcontext,
     ) -> None:
-        super().__init__(impl, call, inputs, loss)
+        super().__init__(impl, call, inputs, loss, precision)
         self._scope = scope
 
     def forward(self) -> Any:
@@ -255,17 +275,21 @@ class GemmCase(Case):
         self,
         forward: Sequence[Callable[[], Tensor]],
         backward: Sequence[Callable[[], Tensor]],
+        precision: Precision = contextlib.nullcontext,
     ) -> None:
         super().__init__("gemm")
         self._forward, self._backward = list(forward), list(backward)
+        self._precision = precision
 
     def forward(self) -> Any:
         """The products of the forward."""
-        return [product() for product in self._forward]
+        with self._precision():
+            return [product() for product in self._forward]
 
     def backward(self) -> Any:
         """The products of the backward."""
-        return [product() for product in self._backward]
+        with self._precision():
+            return [product() for product in self._backward]
 
     def step(self) -> Any:
         """The products of both."""
@@ -317,10 +341,15 @@ def make_case(
     inputs_grad: bool = False,
     seed: int = 0,
     kind: Kind | None = None,
+    autocast: torch.dtype | None = None,
 ) -> Case:
     """``impl`` at ``size``, of ``kind``.
 
     By default a cell step, or a sequence when ``size.seq_len`` is set.
+    With ``autocast`` (float16 or bfloat16), the model and the loss of a
+    cell or sequence case run under ``torch.autocast(device.type, autocast)``
+    on float32 weights and inputs (``dtype``), as mixed-precision training
+    runs them; the GEMM floor's products too.
     """
     kind = kind or kind_of(size)
     if impl not in kind.implementations:
@@ -329,6 +358,13 @@ def make_case(
         raise ValueError(f"a {kind.name} case needs a sequence length")
     if kind is PER_SAMPLE and inputs_grad:
         raise ValueError("per-sample gradients are the parameters' only")
+    if autocast is not None and kind.name not in AUTOCAST_KINDS:
+        raise ValueError(f"only cells and sequences run under autocast, not {kind.name}")
+    if autocast is not None and dtype != torch.float32:
+        raise ValueError("autocast runs a float32 model in 16 bits: the dtype must be float32")
+    precision: Precision = contextlib.nullcontext
+    if autocast is not None:
+        precision = partial(torch.autocast, device.type, autocast)
     torch.manual_seed(seed)
     # Every LLTM implementation gets these weights; the inputs are drawn next,
     # before any implementation-specific module, so they are the same for all.
@@ -339,7 +375,9 @@ def make_case(
 
     if impl == "gemm":
         floor = _cell_gemm if size.seq_len is None else _sequence_gemm
-        return floor(ref.weights.detach(), size, inputs_grad, partial(tensor, leaf=False))
+        return floor(
+            ref.weights.detach(), size, inputs_grad, partial(tensor, leaf=False), precision
+        )
     b, f, s = size.batch, size.features, size.state
     if kind is PER_SAMPLE:
         return _per_sample_case(impl, ref, size, partial(tensor, leaf=False))
@@ -347,15 +385,17 @@ def make_case(
         x, h, c = tensor(b, f), tensor(b, s), tensor(b, s)
         module = _cell_module(impl, ref)
         return AutogradCase(
-            impl, lambda: module(x, (h, c)), [x, h, c, *module.parameters()], size.loss
+            impl, lambda: module(x, (h, c)), [x, h, c, *module.parameters()], size.loss, precision
         )
     # (num_layers * directions, batch, state), as nn.LSTM and LLTMSequence take it.
     x, h_0, c_0 = tensor(size.seq_len, b, f), tensor(1, b, s), tensor(1, b, s)
     module, call = _sequence_module(impl, ref)
     inputs = [x, h_0, c_0, *module.parameters()]
     if impl in SCOPES:
-        return ScopedCase(impl, lambda: call(x, h_0, c_0), inputs, SCOPES[impl], size.loss)
-    return AutogradCase(impl, lambda: call(x, h_0, c_0), inputs, size.loss)
+        return ScopedCase(
+            impl, lambda: call(x, h_0, c_0), inputs, SCOPES[impl], size.loss, precision
+        )
+    return AutogradCase(impl, lambda: call(x, h_0, c_0), inputs, size.loss, precision)
 
 
 def _cell_module(impl: str, ref: reference.LLTM) -> torch.nn.Module:
@@ -483,7 +523,9 @@ def _like(module: torch.nn.Module, ref: reference.LLTM) -> torch.nn.Module:
 MakeTensor = Callable[..., Tensor]
 
 
-def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:
+def _cell_gemm(
+    weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor, precision: Precision
+) -> GemmCase:
     """The products of one step.
 
     Forward ``[old_h, input] @ W^T``; backward the weight gradient ``d_gates^T
@@ -494,10 +536,12 @@ def _cell_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTenso
     backward = [lambda: torch.mm(d_gates.t(), x)]
     if inputs_grad:
         backward.append(lambda: torch.mm(d_gates, weights))
-    return GemmCase([lambda: torch.mm(x, weights.t())], backward)
+    return GemmCase([lambda: torch.mm(x, weights.t())], backward, precision)
 
 
-def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor) -> GemmCase:
+def _sequence_gemm(
+    weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeTensor, precision: Precision
+) -> GemmCase:
     """The products of ``seq_len`` steps.
 
     The input projection of all steps batched (as a fused implementation can)
@@ -525,4 +569,4 @@ def _sequence_gemm(weights: Tensor, size: Size, inputs_grad: bool, tensor: MakeT
     backward.append(lambda: torch.mm(d_gates.t(), xs))
     if inputs_grad:
         backward.append(lambda: torch.mm(d_gates, w_x))
-    return GemmCase(forward, backward)
+    return GemmCase(forward, backward, precision)

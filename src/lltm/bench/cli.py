@@ -25,6 +25,8 @@ DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+# --autocast: the 16-bit dtype torch.autocast runs a float32 model in.
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # --- A run -----------------------------------------------------------------------
@@ -91,6 +93,9 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     """
     device = pick_device("cuda" if args.cuda else args.device)
     dtype = torch.float64 if args.double else DTYPES[args.dtype]
+    autocast = AUTOCAST[args.autocast] if args.autocast else None
+    # What the products and the sequence op run in: the autocast dtype, if any.
+    compute = autocast or dtype
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     kind = kind_of_args(args)
@@ -101,7 +106,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     # The large GEMM the products' GFLOP/s are compared with, taking its turn
     # in every round at every size: its blocks over the whole run.
     gemm_fn, gemm_n, gemm_flops = (
-        flops.large_gemm(device, dtype) if kind.counts_flops else (None, 0, 0)
+        flops.large_gemm(device, compute) if kind.counts_flops else (None, 0, 0)
     )
     gemm_times: list[float] = []
     with timing.progress(
@@ -110,7 +115,8 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
         for size in sizes:
             length = "" if size.seq_len is None else f" T={size.seq_len}"
             loss = f" {size.loss} loss" if len(args.loss) > 1 else ""
-            advance = start(f"{size}{length}{loss} {dtype} {device}")
+            precision = f"{dtype} (autocast {autocast})" if autocast else str(dtype)
+            advance = start(f"{size}{length}{loss} {precision} {device}")
             ready: list[cases.Case] = []
             for impl in impls:
                 try:
@@ -122,6 +128,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                         inputs_grad=args.inputs_grad,
                         seed=args.seed,
                         kind=kind,
+                        autocast=autocast,
                     )
                     for phase in kind.phases:  # fail early: compile errors, unsupported dtypes
                         case.phase(phase)()
@@ -142,7 +149,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     case.impl,
                     times=times[case.impl],
                     flops=flops.flops_of(kind, case.impl, size, args.inputs_grad),
-                    path=sequence_path(case.impl, size, device, dtype),
+                    path=sequence_path(case.impl, size, device, compute),
                 )
                 with contextlib.suppress(Exception):
                     saved = case.saved_for_backward() if kind.saved_memory else None
@@ -156,6 +163,8 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
     env["case"] = kind.name
     env["inputs_grad"] = args.inputs_grad
     env["seq_len"] = args.seq_len
+    if autocast is not None:
+        env["autocast"] = str(autocast).removeprefix("torch.")
     if len(kind.losses) > 1:
         env["losses"] = args.loss
     if gemm_times:
@@ -335,6 +344,13 @@ def parser() -> argparse.ArgumentParser:
     what.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     what.add_argument("-d", "--double", action="store_true", help="same as --dtype float64")
     what.add_argument(
+        "--autocast",
+        choices=sorted(AUTOCAST),
+        help="mixed precision: float32 weights and inputs, the model and its loss under "
+        "torch.autocast(device, bfloat16 or float16), the backward outside it, as "
+        "Lightning's precision='bf16-mixed' trains (cells and sequences)",
+    )
+    what.add_argument(
         "--threads", type=int, default=0, help="CPU threads (default: torch's current number)"
     )
     how = p.add_argument_group("measurement and output")
@@ -361,11 +377,6 @@ def parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--json", metavar="FILE", help="write results and environment as JSON (- for stdout)"
     )
-    how.add_argument(
-        "--plot",
-        metavar="FILE.png",
-        help="plot time and speed-ups against size or sequence length (needs matplotlib)",
-    )
     how.add_argument("-q", "--quiet", action="store_true", help="no table, no progress bar")
     return p
 
@@ -382,6 +393,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if args.overhead and args.seq_len:
         p.error("--overhead times one cell step: no --seq-len")
     kind = kind_of_args(args)
+    if args.autocast and kind.name not in kinds.AUTOCAST_KINDS:
+        p.error(f"--autocast: only cells and sequences run under autocast, not {kind.name}")
+    if args.autocast and (args.double or args.dtype != "float32"):
+        p.error("--autocast runs a float32 model in 16 bits: --dtype float32 only")
     if kind is PER_SAMPLE:
         if args.inputs_grad:
             p.error("--inputs-grad: per-sample gradients are those of the parameters only")
@@ -422,8 +437,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.write_json(results, env, args.json)
     if not args.quiet and args.json != "-":
         report.print_table(results, env, args.scale)
-    if args.plot:
-        report.plot(results, env, args.plot, report.pick_unit(results, args.scale))
     return 0
 
 

@@ -122,6 +122,10 @@ OVERHEAD = Kind(
 )
 KINDS = {kind.name: kind for kind in (CELL, SEQUENCE, PER_SAMPLE, OVERHEAD)}
 
+# The kinds that run under --autocast: a model and its loss, trained in mixed
+# precision.
+AUTOCAST_KINDS = (CELL.name, SEQUENCE.name)
+
 # --overhead without -b, -f or -s: the smallest cell.
 OVERHEAD_SIZE = (1, 2, 2)
 

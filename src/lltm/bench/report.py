@@ -1,16 +1,18 @@
-"""Results as a table, as JSON (and back, for benchmarks/render.py) and as a plot."""
+"""Results as ``lltm bench`` prints them (a table) and writes them (``--json``).
+
+benchmarks/render.py reads such files back into the project's own pages
+(markdown tables, plots); it imports the table's rows from here.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import sys
-import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .kinds import KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, Kind, Size
+from .kinds import KINDS, NO_GRAD, OVERHEAD, PER_SAMPLE, Kind
 from .timing import Result
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
@@ -26,14 +28,11 @@ NAMES = {
 SHORT = {"forward": "fwd", "backward": "bwd", "step": "step", NO_GRAD: "no-grad fwd"}
 # Column names of the phases, where not the phase's own name.
 LONG = {NO_GRAD: "no-grad forward"}
-# What files written before these fields existed measured: one cell step with
-# inputs that require grad.
-OLD_ENVIRONMENT = {"case": "cell", "inputs_grad": True, "seq_len": None}
 
 
 def kind_of_env(env: dict[str, Any]) -> Kind:
     """The kind of case of a run (one run measures one kind)."""
-    return KINDS[{**OLD_ENVIRONMENT, **env}["case"]]
+    return KINDS[env["case"]]
 
 
 def speedup(results: Sequence[Result], result: Result, phase: str, against: str) -> float | None:
@@ -64,7 +63,7 @@ def _comparisons(kind: Kind) -> dict[str, str]:
     return fields
 
 
-def _rival(kind: Kind, results: Sequence[Result]) -> str | None:
+def rival_in(kind: Kind, results: Sequence[Result]) -> str | None:
     """The rival, if it is among the implementations of the run (timed or failed).
 
     Tables and plots compare with it only then.
@@ -105,43 +104,6 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
     return {"environment": env, "results": rows}
 
 
-def from_json(report: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
-    """Results and environment of a ``--json`` file.
-
-    Such that min() and median() give back the recorded values (speed-ups
-    follow from those).
-    """
-    env = {**OLD_ENVIRONMENT, **report["environment"]}
-    results = []
-    for row in report["results"]:
-        times = {
-            phase: [row[phase]["min_s"], row[phase]["median_s"], row[phase]["median_s"]]
-            for phase in kind_of_env(env).phases
-            if row[phase]["min_s"] is not None
-        }
-        # Files written before the loss was a choice differentiated dense ones.
-        size = Size(
-            row["batch"],
-            row["features"],
-            row["state"],
-            row.get("seq_len"),
-            row.get("loss", "dense"),
-        )
-        results.append(
-            Result(
-                size,
-                row["impl"],
-                times,
-                saved_bytes=row["saved_for_backward_bytes"],
-                saved_beyond_inputs_bytes=row["saved_beyond_inputs_bytes"],
-                error=row["error"],
-                flops=row.get("flops"),
-                path=row.get("path"),
-            )
-        )
-    return results, env
-
-
 # --- Table -----------------------------------------------------------------------
 
 
@@ -167,9 +129,14 @@ def configuration(env: dict[str, Any]) -> str:
     )
 
 
+def precision(env: dict[str, Any]) -> str:
+    """The run's dtype, and the autocast it ran under, if any."""
+    autocast = env.get("autocast")
+    return f"{env['dtype']} under torch.autocast({autocast})" if autocast else env["dtype"]
+
+
 def title(env: dict[str, Any]) -> str:
     """One line that says what was run, where, with which versions."""
-    env = {**OLD_ENVIRONMENT, **env}
     where = env.get("gpu") or env["cpu"]
     large = env.get("large_gemm")
     gemm = (
@@ -179,17 +146,9 @@ def title(env: dict[str, Any]) -> str:
     )
     return (
         f"lltm {env['lltm']}, torch {env['torch']}: {configuration(env)}; "
-        f"{env['dtype']} on {env['device']} ({where}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}), "
+        f"{precision(env)} on {env['device']} ({where}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}), "
         f"{env['blocks']} blocks each{gemm}"
     )
-
-
-def pick_unit(results: Sequence[Result], unit: str) -> str:
-    """One unit for a whole plot: us, or ms when some step takes over 10 ms."""
-    if unit != "auto":
-        return unit
-    slowest = max((r.median("step") or 0.0 for r in results), default=0.0)
-    return "ms" if slowest > 0.01 else "us"
 
 
 def table_rows(
@@ -205,7 +164,7 @@ def table_rows(
     measures them). The columns up to ``impl`` are labels, the rest numbers.
     """
     kind = kind_of_env(env)
-    rival = _rival(kind, results)
+    rival = rival_in(kind, results)
     phases = " / ".join(SHORT[phase] for phase in kind.phases)
 
     def timing(r: Result, phase: str) -> str:
@@ -321,106 +280,6 @@ def print_table(results: Sequence[Result], env: dict[str, Any], unit: str) -> No
     # Wide enough for every cell on one line (rich: a space each side and a
     # border per column), whatever the terminal, or none, says.
     Console(width=max(sum(widths) + 3 * len(widths) + 1, len(title(env)))).print(table)
-
-
-# --- Plot ------------------------------------------------------------------------
-
-
-def _axis(sizes: Sequence[Size], batch: str) -> tuple[list[str], str]:
-    """Tick labels and axis label for the points of a run.
-
-    Sizes, lengths or both; ``batch`` names the first dimension of a size.
-    """
-    if all(s.seq_len is None for s in sizes):
-        return [str(s) for s in sizes], f"{batch} x features x state"
-    if len({str(s) for s in sizes}) == 1:
-        return [str(s.seq_len) for s in sizes], f"sequence length T (at {sizes[0]})"
-    if len({s.seq_len for s in sizes}) == 1:
-        return [str(s) for s in sizes], f"{batch} x features x state (T={sizes[0].seq_len})"
-    return [f"{s} T={s.seq_len}" for s in sizes], f"{batch} x features x state, sequence length"
-
-
-# The time panel of a plot, per kind: title and what is timed.
-TIME_PANELS = {
-    "cell": ("time per step", "forward + backward"),
-    "sequence": ("time per sequence (all T steps)", "forward + backward"),
-    "per-sample": ("time per batch of samples", "every sample's gradients"),
-    "overhead": ("time per step", "forward + backward"),
-}
-# Speed-up lines of a plot, per phase (when the kind times it): line style, marker.
-SPEEDUP_LINES = {"step": ("-", "o"), "forward": (":", "."), NO_GRAD: ("--", "x")}
-
-
-def plot(results: Sequence[Result], env: dict[str, Any], path: str, unit: str) -> None:
-    """Step time per size (or sequence length), and speed-ups.
-
-    Against the baseline, and against the rival if the kind has one and it ran.
-    """
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise SystemExit(
-            "lltm bench: --plot needs matplotlib (pip install 'lltm[bench]')"
-        ) from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    kind = kind_of_env(env)
-    rival = _rival(kind, results)
-    comparisons = [kind.baseline, *([rival] if rival else [])]
-    lines = {phase: style for phase, style in SPEEDUP_LINES.items() if phase in kind.phases}
-    # One loss per plot: the run's first (the tutorial's, by default).
-    loss = results[0].size.loss if results else "dense"
-    results = [r for r in results if r.size.loss == loss]
-    sizes = list(dict.fromkeys(r.size for r in results))
-    ticks, xlabel = _axis(sizes, "samples" if kind is PER_SAMPLE else "batch")
-    impls = list(dict.fromkeys(r.impl for r in results if not r.error))
-    fig, axes = plt.subplots(
-        1, 1 + len(comparisons), figsize=(6 * (1 + len(comparisons)), 4.8), layout="constrained"
-    )
-    ax_time, speed_axes = axes[0], axes[1:]
-    # One colour per implementation, the same in every panel.
-    colours = {impl: f"C{i}" for i, impl in enumerate(impls)}
-    for impl in impls:
-        mine = {r.size: r for r in results if r.impl == impl and not r.error}
-        xs = [i for i, s in enumerate(sizes) if s in mine]
-        floor = impl == "gemm"
-        ax_time.plot(
-            xs,
-            [(mine[sizes[i]].median("step") or math.nan) * UNITS[unit] for i in xs],
-            "--" if floor else "-",
-            marker="o",
-            color=colours[impl],
-            label="GEMMs only" if floor else impl,
-        )
-        for ax, against in zip(speed_axes, comparisons, strict=True):
-            if impl in (against, "gemm"):
-                continue
-            for phase, (style, marker) in lines.items():
-                ax.plot(
-                    xs,
-                    [speedup(results, mine[sizes[i]], phase, against) or math.nan for i in xs],
-                    style,
-                    marker=marker,
-                    color=colours[impl],
-                    label=f"{impl} {phase}",
-                )
-    time_title, timed = TIME_PANELS[kind.name]
-    ax_time.set(yscale="log", ylabel=f"{timed}, median ({unit})", title=time_title)
-    for ax, against in zip(speed_axes, comparisons, strict=True):
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set(
-            ylabel=f"{against} time / time (medians)", title=f"speed-up against {NAMES[against]}"
-        )
-    for ax in axes:
-        ax.set_xticks(range(len(sizes)), ticks, rotation=20)
-        ax.set_xlabel(xlabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    # About 65 characters per panel fit on a line.
-    fig.suptitle(textwrap.fill(title(env), 65 * len(axes)), fontsize="medium")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_json(results: Sequence[Result], env: dict[str, Any], path: str) -> None:

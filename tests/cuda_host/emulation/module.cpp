@@ -1,8 +1,9 @@
 // The host build's second Python module, `emulation`: the controls of the
-// emulated GPU (runtime/gpu.h) and the probes tests/test_cuda_host.py
-// runs: of the plain launch path and csrc/cuda's grid-stride loops (here), of
-// kernels with barriers and shared memory and of cudaLaunchKernelEx's checks
-// (probes.cpp). Test-only, like the rest of the host build.
+// emulated GPU (runtime/gpu.h), the counts of what the CUDA sources ask of it
+// (runtime/calls.h) and the probes tests/test_cuda_host.py runs: of the plain
+// launch path and csrc/cuda's grid-stride loops (here), of kernels with
+// barriers and shared memory and of cudaLaunchKernelEx's checks (probes.cpp).
+// Test-only, like the rest of the host build.
 #include "module.h"
 // The emulation first, then the CUDA sources' helpers.
 #include <algorithm>
@@ -316,6 +317,25 @@ PyObject* launches(PyObject*, PyObject*) {
   return PyLong_FromLongLong(host::gpu().launches.load());
 }
 
+// calls() -> {name: count}: the kernel launches ("LLTM_LAUNCH",
+// "cudaLaunchKernelEx") and the calls of torch's C shim that make work or
+// tensors (allocations, views, GEMMs, dispatcher operators by name) run so
+// far (runtime/calls.h); never reset: tests take differences.
+PyObject* calls(PyObject*, PyObject*) {
+  PyObject* counts = PyDict_New();
+  if (counts == nullptr) return nullptr;
+  for (const auto& [name, count] : host::calls()) {
+    PyObject* value = PyLong_FromLongLong(count);
+    if (value == nullptr || PyDict_SetItemString(counts, name.c_str(), value) < 0) {
+      Py_XDECREF(value);
+      Py_DECREF(counts);
+      return nullptr;
+    }
+    Py_DECREF(value);
+  }
+  return counts;
+}
+
 PyMethodDef methods[] = {
     {"index_space", index_space, METH_VARARGS, "What every thread of a grid saw, in order run."},
     {"launch_on_stream", launch_on_stream, METH_VARARGS, "An empty kernel on a given stream."},
@@ -366,6 +386,7 @@ PyMethodDef methods[] = {
     {"hold_load", hold_load, METH_VARARGS, "Whether loading the kernels' code waits."},
     {"load_state", load_state, METH_NOARGS, "Whether a load waits, whether one timed out."},
     {"launches", launches, METH_NOARGS, "Kernel launches run so far."},
+    {"calls", calls, METH_NOARGS, "Launches and torch shim calls run so far, by name."},
     {nullptr, nullptr, 0, nullptr},
 };
 

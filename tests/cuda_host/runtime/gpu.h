@@ -1,7 +1,8 @@
 // The emulated GPU of the host build: its devices, attributes and limits (an
 // H100 SXM's unless a test sets others), the runtime's per-thread state, the
 // device calls of csrc/cuda, streams, and torch's C shim as the CUDA sources
-// call it. CPU tensors have device index -1: the emulated device they run on.
+// call it (the calls that make work are counted: calls.h). CPU tensors have
+// device index -1: the emulated device they run on.
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -241,9 +242,8 @@ using DeviceGuard = ::lltm::cuda_host::DeviceGuard;
 }  // namespace lltm::cuda
 
 // torch's C shim, as the CUDA sources call it: the current stream of the
-// emulated device, and GEMMs on the CPU.
+// emulated device (GEMMs run on the CPU, counted: calls.h).
 #define aoti_torch_get_current_cuda_stream ::lltm::cuda_host::current_cuda_stream
-#define aoti_torch_cuda_addmm_out aoti_torch_cpu_addmm_out
 
 // CUDART_VERSION, for the module's cuda_version: no CUDA at all.
 #define CUDART_VERSION 0

@@ -170,6 +170,7 @@ cudaError_t launch_kernel_ex(const cudaLaunchConfig_t* config, const KernelCall&
   if (const cudaError_t error = check(*config, call.kernel, requested)) return last_error = error;
   check_stream(config->stream);
   gpu().launches.fetch_add(1);
+  count_call("cudaLaunchKernelEx");
   gridDim = config->gridDim;
   blockDim = config->blockDim;
   const FiberLaunch launch{config->gridDim, config->blockDim, requested.cluster,

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "calls.h"
 #include "errors.h"
 #include "fibers.h"
 #include "gpu.h"
@@ -157,6 +158,7 @@ class Launch {
     }
     check_stream(stream_);
     gpu().launches.fetch_add(1);
+    count_call("LLTM_LAUNCH");
     gridDim = grid_;
     blockDim = block_;
     for (unsigned bz = 0; bz < grid_.z; ++bz)

@@ -28,7 +28,11 @@
 //   * the emulated GPU (gpu.h): an H100's attributes and
 //     limits, each settable from Python (emulation/module.cpp),
 //     devices, their primary contexts, injectable errors, the current
-//     stream, and aoti_torch_cuda_addmm_out mapped to torch's CPU shim;
+//     stream;
+//   * torch's C shim as the CUDA sources call it (calls.h): the CUDA GEMM
+//     mapped to torch's CPU one, and every launch, allocation, view, GEMM
+//     and dispatcher call counted by name, for tests that count a call's
+//     device operations;
 //   * the runtime's error codes and messages (errors.h).
 // CPU tensors have device index -1: the emulated device they run on.
 #pragma once
@@ -40,6 +44,7 @@
 // csrc/cuda/lltm_cuda_runtime.h checks that the emulation came first.
 #define LLTM_CUDA_HOST_EMULATION 1
 
+#include "calls.h"
 #include "errors.h"
 #include "fibers.h"
 #include "gpu.h"
