@@ -16,6 +16,7 @@ installed (``pythons-*``), and stop there, naming the missing ones, if not.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import sys
 import tarfile
@@ -28,7 +29,7 @@ ROOT = Path(__file__).parent.resolve()
 # (loading this file by its path) does not put on sys.path.
 sys.path.insert(0, str(ROOT))
 from tools.cibw_config import linux_options as cibw_options  # noqa: E402
-from tools.core_tests import CORE  # noqa: E402
+from tools.core_tests import core  # noqa: E402
 from tools.nox_envs import (  # noqa: E402
     disposable,
     find_python,
@@ -175,8 +176,9 @@ def between(session: nox.Session, torch: str) -> None:
     install_torch(session, torch, str(wheel), *group("test"))
     session.run("python", "-m", "lltm", "info")
     session.run(
-        "pytest", *TEST_WORKERS, "-p", "no:cacheprovider",
-        "tests/test_errors.py", "tests/test_torch_errors.py", *CORE, *session.posargs,
+        "pytest", *TEST_WORKERS, "-p", "no:cacheprovider", "-m", f"{SUITE} and not cuda_host",
+        "tests/test_errors.py", "tests/test_torch_errors.py", *core(platform.machine()),
+        *session.posargs,
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@
    cores: 1 to 2.5 minutes, where a native build under emulation spent 15
    minutes on three of its four files.
 5. The wheel installed into the root and the core of the test suite run on
-   the emulated CPU (CORE, then BASELINE under LLTM_CPU_ISA=baseline), after
+   the emulated CPU (core("aarch64"), then BASELINE under LLTM_CPU_ISA=baseline), after
    ``python -m lltm info`` there has named aarch64 and neon.
 
     python -m tools.machines.emulated_aarch64 [--wheel-dir DIR] [-- PYTEST ARGS...]
@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools import project_facts, torch_index
-from tools.core_tests import CORE
+from tools.core_tests import core
 from tools.machines import debian_root
 from tools.machines.debian_root import MIRROR, SUITE
 
@@ -403,7 +403,14 @@ def test(root: Path, wheel: Path, pytest_args: list[str]) -> None:
     pytest = ["python", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--durations=15"]
     pytest += ["-m", "not cuda_host"]
     started = time.monotonic()
-    enter(root, ["sh", "-c", f"cd /opt/lltm-tests && {shlex.join([*pytest, *CORE, *pytest_args])}"])
+    enter(
+        root,
+        [
+            "sh",
+            "-c",
+            f"cd /opt/lltm-tests && {shlex.join([*pytest, *core('aarch64'), *pytest_args])}",
+        ],
+    )
     log(f"the core under neon: {time.monotonic() - started:.0f} s")
     started = time.monotonic()
     enter(
