@@ -83,7 +83,7 @@ def _largest_pre_activation(inputs):
     return F.linear(torch.cat([old_h, input], 1), weights, bias).abs().max().item()
 
 
-# The exp of lltm_cpu_math.h clamps its argument where 2^n would leave the
+# The exp of csrc/cpu/pointwise/scalar_math.h clamps its argument where 2^n would leave the
 # normal numbers: to [-87, 88] in float (which 16-bit types compute in) and
 # [-708, 709] in double. Beyond, sigmoid and tanh are saturated and elu is -1.
 EXP_CLAMP = {torch.float64: 709.0, torch.float32: 88.0}

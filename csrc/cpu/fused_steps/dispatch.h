@@ -1,6 +1,6 @@
 // The recurrent steps of lltm's sequence kernels in float and double: each
 // step's products as register tiles on weights packed once per call
-// (lltm_cpu_panels.h), with the step's pointwise work next to them.
+// (weight_panels.h), with the step's pointwise work next to them.
 //
 // A step's product is small (16 x 160 by 160 x 384 at the tutorial's size);
 // a library GEMM call packs its right-hand side every time and ran these at
@@ -28,35 +28,35 @@
 // of interleaved runs): at (16, 32, 128) forward 0.96x, backward 0.93x the
 // time; at (64, 256, 512) forward 0.98x-1.0x, backward 0.92x-0.96x.
 //
-// Instruction sets (lltm_cpu_isa.h): one source, compiled per set through a
-// small struct of the set's vector width, tile height and target attribute
+// Instruction sets (isa.h): one source, compiled per set through a small
+// struct of the set's vector width, tile height and target attribute
 // (BaselineSet, Avx2Set, Avx512Set, NeonSet below): AVX-512 (64-byte vectors,
 // 8-row tiles), AVX2+FMA (32 bytes, 4 rows), NEON on arm64 (16 bytes, 6
 // rows) and the baseline (16 bytes, 4 rows: SSE2 on x86-64, NEON under
 // LLTM_CPU_ISA=baseline on arm64, whatever 16-byte vectors the compiler
 // lowers to elsewhere). Another set is one more such struct and one more
 // case in recurrent_kernels(). The vectors are GCC/Clang vector extensions
-// (lltm_cpu_simd.h); other compilers (MSVC) get no kernels here, and the
-// sequence runs the cell's path with torch's GEMM.
+// (simd.h); other compilers (MSVC) get no kernels here, and the sequence
+// runs the cell's path with torch's GEMM.
 //
-// The pointwise math is the cell's (lltm_cpu_math.h, formula for formula),
-// and every product sums over k in the same order whatever the vector
-// width, so AVX2 and AVX-512 give the same bits. So should arm64's baseline
-// and NEON, by the same argument (both contract a * b + c into one FMA, and
-// the tile height changes which rows run together, never a row's
+// The pointwise math is the cell's (pointwise/scalar_math.h, formula for
+// formula), and every product sums over k in the same order whatever the
+// vector width, so AVX2 and AVX-512 give the same bits. So should arm64's
+// baseline and NEON, by the same argument (both contract a * b + c into one
+// FMA, and the tile height changes which rows run together, never a row's
 // arithmetic), though no test has compared them on an arm64 CPU yet.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "lltm_cpu_isa.h"
-#include "lltm_cpu_steps.h"
+#include "../isa.h"
+#include "step_args.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LLTM_RECURRENCE_KERNELS 1
-#include "lltm_cpu_backward_steps.h"
-#include "lltm_cpu_forward_steps.h"
+#include "backward_steps.h"
+#include "forward_steps.h"
 #else
 #define LLTM_RECURRENCE_KERNELS 0
 #endif

@@ -1,8 +1,8 @@
-// SIMD vectors for the fused sequence kernels (lltm_cpu_recurrence.h): GCC
-// and Clang vector extensions, and the LLTM's activations computed on them.
+// SIMD vectors for the fused sequence kernels (dispatch.h): GCC and Clang
+// vector extensions, and the LLTM's activations computed on them.
 //
-// The activations are lltm_cpu_math.h's, formula for formula and in the same
-// order (so the values are those of the cell's kernels), written on vectors
+// The activations are pointwise/scalar_math.h's, formula for formula and in
+// the same order (so the values are those of the cell's kernels), written on vectors
 // instead of scalars for two reasons: the epilogues work on the tile's
 // registers with no staging through memory, and the clamp of exp's argument
 // (`x < lo ? lo : x`, then `x > hi ? hi : x`, NaN kept) stays two compares
@@ -12,23 +12,23 @@
 //
 // Multiply-adds are written a * b + c: the compiler contracts them into one
 // fused multiply-add where the target has FMA (GCC and Clang do by default),
-// as lltm_cpu_math.h's FusedMulAdd does, and computes them separately where
-// it has none, as its SeparateMulAdd does.
+// as pointwise/scalar_math.h's FusedMulAdd does, and computes them separately
+// where it has none, as its SeparateMulAdd does.
 //
 // Vectors pass by reference: by value, a wide vector would have another
 // calling convention in the baseline part of the library (GCC's -Wpsabi).
 #pragma once
 
 #if !defined(__GNUC__) && !defined(__clang__)
-#error "lltm_cpu_simd.h needs GCC or Clang vector extensions"
+#error "csrc/cpu/fused_steps/simd.h needs GCC or Clang vector extensions"
 #endif
 
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
-#include "lltm_cpu_isa.h"
-#include "lltm_cpu_math.h"
+#include "../isa.h"
+#include "../pointwise/scalar_math.h"
 
 namespace lltm::cpu {
 

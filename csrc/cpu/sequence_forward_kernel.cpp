@@ -4,8 +4,8 @@
 // `gates`), then step by step: gates_t += h_prev @ W_h^T and the cell's
 // pointwise pass, which activates gates_t in place and writes output_t and
 // cells_t. The bias joins the pre-activations in the GEMMs, as in the cell.
-// In float and double the fused steps of lltm_cpu_recurrence.h do both in one
-// pass per step (lltm_cpu_sequence.h).
+// In float and double the fused steps of fused_steps/dispatch.h do both in one
+// pass per step (sequence_common.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -22,15 +22,15 @@
 #include "../lltm_sequence.h"
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_recurrence.h"
-#include "lltm_cpu_rows.h"
-#include "lltm_cpu_sequence.h"
-#include "lltm_cpu_torch_ops.h"
+#include "fused_steps/dispatch.h"
+#include "pointwise/row_passes.h"
+#include "sequence_common.h"
+#include "torch_calls.h"
 
 namespace lltm::cpu {
 namespace {
 
-// The forward of every step with the fused kernels (lltm_cpu_recurrence.h).
+// The forward of every step with the fused kernels (fused_steps/dispatch.h).
 template <typename T>
 void fused_forward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes& n,
                          const Schedule& schedule, const Tensor& x, const Tensor& weights,

@@ -1,4 +1,4 @@
-// The backward of lltm's fused sequence kernels (lltm_cpu_recurrence.h):
+// The backward of lltm's fused sequence kernels (dispatch.h):
 // backpropagation through time for a block of batch rows, each step's
 // product with the packed W_h and then the cell's pointwise backward.
 #pragma once
@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "lltm_cpu_simd.h"
-#include "lltm_cpu_steps.h"
-#include "lltm_cpu_tiles.h"
+#include "simd.h"
+#include "step_args.h"
+#include "tile_product.h"
 
 namespace lltm::cpu {
 

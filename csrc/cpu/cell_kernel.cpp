@@ -11,10 +11,10 @@
 // 16-bit inputs are computed in float32. GEMMs go through torch (MKL or
 // OpenBLAS behind the C shim): a hand-written AVX-512 kernel for the forward's
 // shape (dot products, no packing) matched MKL but did not beat it, and a
-// packed kernel (lltm_cpu_recurrence.h) pays off only where the packing is
-// reused, over a sequence. Everything else is in this directory: the pointwise math
-// vectorized for each instruction set (lltm_cpu_spans.h, lltm_cpu_math.h) and
-// its glue to tensors (lltm_cpu_rows.h).
+// packed kernel (the sequence's fused steps, fused_steps/) pays off only where
+// the packing is reused, over a sequence. The pointwise passes are pointwise/'s:
+// the math vectorized for each instruction set (scalar_math.h, span_kernels.h)
+// and its glue to tensors (row_passes.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -29,8 +29,8 @@
 
 #include "../lltm_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_rows.h"
-#include "lltm_cpu_torch_ops.h"
+#include "pointwise/row_passes.h"
+#include "torch_calls.h"
 
 namespace lltm::cpu {
 namespace {

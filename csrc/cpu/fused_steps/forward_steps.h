@@ -1,4 +1,4 @@
-// The forward of lltm's fused sequence kernels (lltm_cpu_recurrence.h):
+// The forward of lltm's fused sequence kernels (dispatch.h):
 // every step of a block of batch rows, as register tiles over the packed
 // [W_x | W_h]^T that end in the cell's pointwise forward.
 #pragma once
@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "lltm_cpu_simd.h"
-#include "lltm_cpu_steps.h"
-#include "lltm_cpu_tiles.h"
+#include "simd.h"
+#include "step_args.h"
+#include "tile_product.h"
 
 namespace lltm::cpu {
 

@@ -1,11 +1,11 @@
-// What the fused sequence kernels (lltm_cpu_recurrence.h) are given: plain
+// What the fused sequence kernels (dispatch.h) are given: plain
 // pointers and strides, no torch type.
 #pragma once
 
 #include <cstdint>
 
-#include "lltm_cpu_panels.h"
-#include "lltm_cpu_rows.h"
+#include "../pointwise/row_passes.h"
+#include "weight_panels.h"
 
 namespace lltm::cpu {
 

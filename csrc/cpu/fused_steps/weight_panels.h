@@ -1,4 +1,4 @@
-// The weights of lltm's fused sequence kernels (lltm_cpu_recurrence.h),
+// The weights of lltm's fused sequence kernels (dispatch.h),
 // packed once per call into the order their register tiles read them: each
 // tile then streams one contiguous panel, whatever the strides of `weights`.
 // Packing is the same for every instruction set but for the vector width L.

@@ -1,14 +1,14 @@
 // What the forward and backward register tiles of lltm's fused sequence
-// kernels share (lltm_cpu_forward_steps.h, lltm_cpu_backward_steps.h).
+// kernels share (forward_steps.h, backward_steps.h).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <utility>
 
-#include "lltm_cpu_isa.h"
-#include "lltm_cpu_rows.h"
-#include "lltm_cpu_simd.h"
+#include "../isa.h"
+#include "../pointwise/row_passes.h"
+#include "simd.h"
 
 namespace lltm::cpu {
 

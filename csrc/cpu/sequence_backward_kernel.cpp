@@ -5,8 +5,8 @@
 // gradient of c_prev, then the gradient of h_prev = d_gates_t @ W_h. After
 // the loop, over all steps at once: grad_weights = d_gates^T @ [h_prev, input]
 // (one GEMM), grad_input = d_gates @ W_x (one GEMM); grad_bias is summed along
-// the way. In float and double the fused steps of lltm_cpu_recurrence.h run
-// the loop (lltm_cpu_sequence.h).
+// the way. In float and double the fused steps of fused_steps/dispatch.h run
+// the loop (sequence_common.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -23,10 +23,10 @@
 #include "../lltm_sequence.h"
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_recurrence.h"
-#include "lltm_cpu_rows.h"
-#include "lltm_cpu_sequence.h"
-#include "lltm_cpu_torch_ops.h"
+#include "fused_steps/dispatch.h"
+#include "pointwise/row_passes.h"
+#include "sequence_common.h"
+#include "torch_calls.h"
 
 namespace lltm::cpu {
 namespace {
@@ -51,7 +51,7 @@ struct BackwardWorkspace {
   }
 };
 
-// Backpropagation through time with the fused kernels (lltm_cpu_recurrence.h).
+// Backpropagation through time with the fused kernels (fused_steps/dispatch.h).
 template <typename T>
 void fused_backward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes& n,
                           const Schedule& schedule, const std::optional<Tensor>& grad_output,

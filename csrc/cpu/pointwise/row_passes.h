@@ -1,7 +1,8 @@
-// The glue between tensors and the span kernels (lltm_cpu_spans.h), shared by
-// the cell (lltm_cpu.cpp) and the sequence (lltm_cpu_sequence_forward.cpp,
-// lltm_cpu_sequence_backward.cpp) kernels: strided and 16-bit rows are staged through small dense
-// buffers of the math type, dense rows of that type are used in place.
+// The glue between tensors and the span kernels (span_kernels.h), shared by
+// the cell (cell_kernel.cpp) and the sequence's per-step path
+// (sequence_forward_kernel.cpp, sequence_backward_kernel.cpp): strided
+// and 16-bit rows are staged through small dense buffers of the math type,
+// dense rows of that type are used in place.
 #pragma once
 
 #include <torch/csrc/stable/ops.h>
@@ -10,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "lltm_cpu_spans.h"
+#include "span_kernels.h"
 
 namespace lltm::cpu {
 
