@@ -34,7 +34,7 @@ namespace lltm::cpu {
 // one core, about what splitting it between threads costs.
 constexpr int64_t kMinParallelProduct = 1 << 18;
 
-// Row r of a tensor laid out like the input (fused_steps/dispatch.h).
+// Row r of a tensor laid out like the input (fused_steps/step_args.h).
 template <typename S>
 SequenceRows<S> sequence_rows(const Tensor& t, const SequenceSizes& n) {
   return {static_cast<S*>(t.data_ptr()), n.batch, n.packed, t.stride(0), t.stride(1),

@@ -7,9 +7,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "../pointwise/row_passes.h"  // kFoldRows: grad_bias summed as the cell sums it
+#include "../row_ref.h"
 #include "simd.h"
 #include "step_args.h"
 #include "tile_product.h"
+#include "vector_math.h"
 
 namespace lltm::cpu {
 

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "../row_ref.h"
 #include "simd.h"
 #include "step_args.h"
 #include "tile_product.h"
+#include "vector_math.h"
 
 namespace lltm::cpu {
 

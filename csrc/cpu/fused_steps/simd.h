@@ -1,19 +1,6 @@
-// SIMD vectors for the fused sequence kernels (dispatch.h): GCC and Clang
-// vector extensions, and the LLTM's activations computed on them.
-//
-// The activations are pointwise/scalar_math.h's, formula for formula and in
-// the same order (so the values are those of the cell's kernels), written on vectors
-// instead of scalars for two reasons: the epilogues work on the tile's
-// registers with no staging through memory, and the clamp of exp's argument
-// (`x < lo ? lo : x`, then `x > hi ? hi : x`, NaN kept) stays two compares
-// and two blends; the compiler's vectorization of the scalar form merged the
-// two selects into four compares, two ands and three blends per exp, on the
-// ports the FMAs need.
-//
-// Multiply-adds are written a * b + c: the compiler contracts them into one
-// fused multiply-add where the target has FMA (GCC and Clang do by default),
-// as pointwise/scalar_math.h's FusedMulAdd does, and computes them separately
-// where it has none, as its SeparateMulAdd does.
+// SIMD vectors for the sequence's fused steps (dispatch.h): GCC and Clang
+// vector extensions, whole and partial loads and stores of them, and cache
+// prefetches. The activations on them are vector_math.h's.
 //
 // Vectors pass by reference: by value, a wide vector would have another
 // calling convention in the baseline part of the library (GCC's -Wpsabi).
@@ -28,7 +15,7 @@
 #include <type_traits>
 
 #include "../isa.h"
-#include "../pointwise/scalar_math.h"
+#include "../row_ref.h"
 
 namespace lltm::cpu {
 
@@ -52,97 +39,40 @@ LLTM_ALWAYS_INLINE void store_vec(T* p, const V& v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-// The activations on vectors of T.
-template <typename T, int kBytes>
-struct VectorMath {
-  using V = typename Simd<T, kBytes>::Vec;
-  using Mask = typename Simd<T, kBytes>::Mask;
-  using Bits = typename Simd<T, kBytes>::Bits;
-  using P = ExpParams<T>;
-
-  // expm1(r) on |r| <= ln2 / 2, as expm1_reduced.
-  static LLTM_ALWAYS_INLINE void expm1_reduced(V& out, const V& r) {
-    V q;
-    if constexpr (std::is_same_v<T, float>) {
-      q = V{} + T(1.0 / 40320);
-      q = q * r + T(1.0 / 5040);
-      q = q * r + T(1.0 / 720);
-      q = q * r + T(1.0 / 120);
-      q = q * r + T(1.0 / 24);
-      q = q * r + T(1.0 / 6);
-      q = q * r + T(0.5);
-    } else {
-      q = V{} + T(1.0 / 6227020800.0);
-      q = q * r + T(1.0 / 479001600.0);
-      q = q * r + T(1.0 / 39916800.0);
-      q = q * r + T(1.0 / 3628800.0);
-      q = q * r + T(1.0 / 362880.0);
-      q = q * r + T(1.0 / 40320.0);
-      q = q * r + T(1.0 / 5040.0);
-      q = q * r + T(1.0 / 720.0);
-      q = q * r + T(1.0 / 120.0);
-      q = q * r + T(1.0 / 24.0);
-      q = q * r + T(1.0 / 6.0);
-      q = q * r + T(0.5);
-    }
-    const V r2 = r * r;
-    out = r2 * q + r;
+// Columns [col, col + count) of a strided row as a vector (count <= its
+// lanes; zeros after them: lanes beyond the state size are computed, never
+// stored), and the first `count` lanes of a vector into a dense row.
+template <typename V, typename T>
+LLTM_ALWAYS_INLINE void load_cols(V& v, RowRef<const T> row, int64_t col, int64_t count) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
+  if (row.stride == 1 && count == kLanes) {
+    load_vec(v, row.data + col);
+    return;
   }
+  alignas(64) T values[kLanes] = {};
+  for (int64_t l = 0; l < count; ++l) values[l] = row.data[(col + l) * row.stride];
+  load_vec(v, values);
+}
 
-  // As exp_split: 2^n into scale, expm1(r) into out.
-  static LLTM_ALWAYS_INLINE void exp_split(V& out, V& scale, const V& x) {
-    V v = x < T(P::kMinArg) ? V{} + T(P::kMinArg) : x;
-    v = v > T(P::kMaxArg) ? V{} + T(P::kMaxArg) : v;
-    const V shifted = v * T(P::kLog2e) + T(P::kShifter);
-    const V n = shifted - T(P::kShifter);
-    V r = n * T(-P::kLn2Hi) + v;
-    r = n * T(-P::kLn2Lo) + r;
-    // The low bits of `shifted` hold n: moved into the exponent field they
-    // make 2^n.
-    Bits bits = (Bits)shifted;
-    bits = (bits + P::kExponentBias) << P::kMantissaBits;
-    scale = (V)bits;
-    expm1_reduced(out, r);
+template <typename V, typename T>
+LLTM_ALWAYS_INLINE void store_cols(T* to, const V& v, int64_t count) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
+  if (count == kLanes) {
+    store_vec(to, v);
+    return;
   }
+  alignas(64) T values[kLanes];
+  store_vec(values, v);
+  for (int64_t l = 0; l < count; ++l) to[l] = values[l];
+}
 
-  static LLTM_ALWAYS_INLINE void exp(V& out, const V& x) {
-    V scale, p;
-    exp_split(p, scale, x);
-    out = scale * p + scale;
-  }
-
-  static LLTM_ALWAYS_INLINE void expm1(V& out, const V& x) {
-    V scale, p;
-    exp_split(p, scale, x);
-    out = scale * p + (scale - T(1));
-  }
-
-  static LLTM_ALWAYS_INLINE void sigmoid(V& out, const V& x) {
-    V e;
-    exp(e, -x);
-    const V s = T(1) / (T(1) + e);
-    out = s < kMinNormal<T> ? V{} : s;
-  }
-
-  static LLTM_ALWAYS_INLINE void elu(V& out, const V& x) {
-    V negative;
-    expm1(negative, x);
-    out = x > T(0) ? x : negative;
-  }
-
-  static LLTM_ALWAYS_INLINE void tanh(V& out, const V& x) {
-    const Mask negative = x < T(0);
-    const V magnitude = negative ? -x : x;
-    V e;
-    expm1(e, T(2) * magnitude);
-    const V t = e / (e + T(2));
-    out = negative ? -t : t;
-  }
-
-  // d elu / dx from x and y = elu(x), as elu_grad.
-  static LLTM_ALWAYS_INLINE void elu_grad(V& out, const V& x, const V& y) {
-    out = x > T(0) ? V{} + T(1) : y + T(1);
-  }
-};
+// Asks for the cache lines of `count` values from `data` into L2, ahead of
+// their use: read (kWrite false) or about to be written.
+template <bool kWrite = false, typename T>
+LLTM_ALWAYS_INLINE void prefetch_values(const T* data, int64_t count) {
+  const char* line = reinterpret_cast<const char*>(data);
+  const char* end = reinterpret_cast<const char*>(data + count);
+  for (; line < end; line += 64) __builtin_prefetch(line, kWrite ? 1 : 0, 2);
+}
 
 }  // namespace lltm::cpu

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "../pointwise/row_passes.h"
+#include "../row_ref.h"
 #include "weight_panels.h"
 
 namespace lltm::cpu {

@@ -1,5 +1,7 @@
-// What the forward and backward register tiles of lltm's fused sequence
-// kernels share (forward_steps.h, backward_steps.h).
+// A register tile's product with a packed weight panel (weight_panels.h), as
+// the forward and backward steps compute it (forward_steps.h,
+// backward_steps.h), and the passes that keep a long product's slice of the
+// panel in L1.
 #pragma once
 
 #include <algorithm>
@@ -7,7 +9,6 @@
 #include <utility>
 
 #include "../isa.h"
-#include "../pointwise/row_passes.h"
 #include "simd.h"
 
 namespace lltm::cpu {
@@ -49,42 +50,6 @@ std::pair<int64_t, int64_t> passes_of(int64_t depth, int64_t width) {
       std::max<int64_t>(16, kSliceBytes / (width * static_cast<int64_t>(sizeof(T))));
   const int64_t passes = std::max<int64_t>(1, (depth + most - 1) / most);
   return {passes, (depth + passes - 1) / passes};
-}
-
-// Columns [col, col + count) of a strided row as a vector (count <= its
-// lanes; zeros after them: lanes beyond the state size are computed, never
-// stored), and the first `count` lanes of a vector into a dense row.
-template <typename V, typename T>
-LLTM_ALWAYS_INLINE void load_cols(V& v, RowRef<const T> row, int64_t col, int64_t count) {
-  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
-  if (row.stride == 1 && count == kLanes) {
-    load_vec(v, row.data + col);
-    return;
-  }
-  alignas(64) T values[kLanes] = {};
-  for (int64_t l = 0; l < count; ++l) values[l] = row.data[(col + l) * row.stride];
-  load_vec(v, values);
-}
-
-// Asks for the cache lines of `count` values from `data` into L2, ahead of
-// their use: read (kWrite false) or about to be written.
-template <bool kWrite = false, typename T>
-LLTM_ALWAYS_INLINE void prefetch_values(const T* data, int64_t count) {
-  const char* line = reinterpret_cast<const char*>(data);
-  const char* end = reinterpret_cast<const char*>(data + count);
-  for (; line < end; line += 64) __builtin_prefetch(line, kWrite ? 1 : 0, 2);
-}
-
-template <typename V, typename T>
-LLTM_ALWAYS_INLINE void store_cols(T* to, const V& v, int64_t count) {
-  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
-  if (count == kLanes) {
-    store_vec(to, v);
-    return;
-  }
-  alignas(64) T values[kLanes];
-  store_vec(values, v);
-  for (int64_t l = 0; l < count; ++l) to[l] = values[l];
 }
 
 }  // namespace lltm::cpu

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../row_ref.h"
 #include "span_kernels.h"
 
 namespace lltm::cpu {
@@ -70,14 +71,6 @@ void store_span(S* p, const T* values, int64_t n) {
     for (int64_t k = 0; k < n; ++k) p[k] = static_cast<S>(values[k]);
   }
 }
-
-// A row of a matrix: its first element and the distance between elements.
-template <typename S>
-struct RowRef {
-  S* data;
-  int64_t stride;
-  S* at(int64_t column) const { return data + column * stride; }
-};
 
 // Staging space of one thread for forward_row.
 template <typename T>
