@@ -116,9 +116,9 @@ def test_saturated_gates_in_lower_precision(dtype):
 
 
 # Shapes up to 40 x 300 cross the kernels' internal boundaries: a second and
-# third 128-column span (kSpan) of the backward, a second 16-row block of the
-# grad_bias sums (kFoldRows), and 8192 elements, above which the forward is
-# split between threads.
+# third 128-column span (kSpanColumns) of the backward, a second 16-row block
+# of the grad_bias sums (kFoldRows), and 8192 elements, above which the
+# forward is split between threads.
 @settings(max_examples=40, deadline=None)
 @given(
     batch=st.integers(0, 40),

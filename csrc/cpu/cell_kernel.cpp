@@ -91,11 +91,11 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
     // grad_bias: the kernel adds up to kFoldRows rows in T, those partial
     // sums are then added in double, so the error does not grow with the
     // batch and the hot loop stays in T.
-    T part_i[kSpan], part_o[kSpan], part_g[kSpan];
-    double sum_i[kSpan], sum_o[kSpan], sum_g[kSpan];
+    T part_i[kSpanColumns], part_o[kSpanColumns], part_g[kSpanColumns];
+    double sum_i[kSpanColumns], sum_o[kSpanColumns], sum_g[kSpanColumns];
     for (int64_t span = span_begin; span < span_end; ++span) {
-      const int64_t j = span * kSpan;
-      const int64_t len = std::min(kSpan, state - j);
+      const int64_t j = span * kSpanColumns;
+      const int64_t len = std::min(kSpanColumns, state - j);
       std::fill(sum_i, sum_i + len, 0.0);
       std::fill(sum_o, sum_o + len, 0.0);
       std::fill(sum_g, sum_g + len, 0.0);
@@ -123,7 +123,7 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
       }
     }
   };
-  const int64_t num_spans = (state + kSpan - 1) / kSpan;
+  const int64_t num_spans = (state + kSpanColumns - 1) / kSpanColumns;
   if (worth_parallel(batch * state)) {
     torch::stable::parallel_for(0, num_spans, 1, spans);
   } else {

@@ -6,12 +6,12 @@
 // Steps run on a running state: step t updates its first batch_sizes[t] rows,
 // the others keep theirs, which is what a PackedSequence needs in both
 // directions (sequence_forward's contract: src/lltm/ops/library.py). In float
-// and double the steps are the fused kernels of fused_steps/dispatch.h, where
-// they exist (GCC and Clang builds): the weights packed once per call, each
-// step one pass of register tiles that computes its pre-activations (input
+// and double the steps are the fused kernels of fused_steps/, where they
+// exist (GCC and Clang builds): the weights packed once per call, each step
+// one pass of register tiles that computes its pre-activations (input
 // projection included) and ends in the cell's pointwise work on the values it
-// holds; forward and backward alike. With several threads each thread carries a
-// block of batch rows through every step. In 16-bit, and where there are no
+// holds; forward and backward alike. With several threads each thread carries
+// a block of batch rows through every step. In 16-bit, and where there are no
 // fused kernels, each step is the cell's computation with torch's GEMM.
 #pragma once
 
@@ -35,9 +35,9 @@ namespace lltm::cpu {
 constexpr int64_t kMinParallelProduct = 1 << 18;
 
 // Row r of a tensor laid out like the input (fused_steps/step_args.h).
-template <typename S>
-SequenceRows<S> sequence_rows(const Tensor& t, const SequenceSizes& n) {
-  return {static_cast<S*>(t.data_ptr()), n.batch, n.packed, t.stride(0), t.stride(1),
+template <typename Element>
+SequenceRows<Element> sequence_rows(const Tensor& t, const SequenceSizes& n) {
+  return {static_cast<Element*>(t.data_ptr()), n.batch, n.packed, t.stride(0), t.stride(1),
           n.packed ? 0 : t.stride(2)};
 }
 

@@ -1,6 +1,8 @@
-// The recurrent steps of lltm's sequence kernels in float and double: each
-// step's products as register tiles on weights packed once per call
-// (weight_panels.h), with the step's pointwise work next to them.
+// The sequence's fused steps in float and double, the entry of this folder:
+// the kernels of each instruction set and the choice for this CPU
+// (recurrent_kernels()). Each step's products run as register tiles on
+// weights packed once per call (weight_panels.h), with the step's pointwise
+// work next to them (forward_steps.h, backward_steps.h).
 //
 // A step's product is small (16 x 160 by 160 x 384 at the tutorial's size);
 // a library GEMM call packs its right-hand side every time and ran these at
@@ -10,15 +12,15 @@
 //   forward   gates = b + x_t W_x^T + h_prev W_h^T in one pass of register
 //             tiles over k < features + state (bias and input projection
 //             included: no separate pass over the gates). The packed columns
-//             interleave the gates, so that a tile of kRows rows by three
+//             interleave the gates, so that a tile of kTileRows rows by three
 //             vectors holds the input gates, output gates and candidates of
-//             kRows x L cells (L = SIMD lanes), and the tile ends in the
+//             kTileRows x L cells (L = SIMD lanes), and the tile ends in the
 //             cell's pointwise forward on its own registers: activations, new
 //             cell and new h, each written once.
-//   backward  per step, dh = dg_{t+1} W_h (tiles of kRows rows by up to three
-//             vectors of state columns, into the running gradient of h),
-//             then the cell's backward of those rows while they are in L1:
-//             d_gates of step t, the gradient of c_prev, grad_bias sums.
+//   backward  per step, dh = dg_{t+1} W_h (tiles of kTileRows rows by up to
+//             three vectors of state columns, into the running gradient of
+//             h), then the cell's backward of those rows while they are in
+//             L1: d_gates of step t, the gradient of c_prev, grad_bias sums.
 //             (Fused into each tile's epilogue, as in the forward, the
 //             per-tile bookkeeping cost more than it saved: the product is
 //             read once, from L1, either way.)
@@ -88,17 +90,18 @@ struct RecurrentKernels {
 
 // The sets that need no target attribute: the architecture's baseline
 // compiles them.
-template <int Bytes, int Rows>
+template <int VectorBytes, int TileRows>
 struct PortableSet {
-  static constexpr int kBytes = Bytes;
-  static constexpr int kRows = Rows;
+  static constexpr int kVectorBytes = VectorBytes;
+  static constexpr int kTileRows = TileRows;
   template <typename T>
-  static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, PortableSet>(a, first, last);
+  static void forward(const ForwardSteps<T>& args, int64_t first, int64_t last) {
+    forward_block<T, PortableSet>(args, first, last);
   }
   template <typename T>
-  static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last, double* bias) {
-    backward_block<T, PortableSet>(a, first, last, bias);
+  static void backward(const BackwardSteps<T>& args, int64_t first, int64_t last,
+                       double* bias_sums) {
+    backward_block<T, PortableSet>(args, first, last, bias_sums);
   }
 };
 
@@ -106,30 +109,30 @@ using BaselineSet = PortableSet<16, 4>;
 
 #if LLTM_X86_DISPATCH
 struct Avx2Set {
-  static constexpr int kBytes = 32;
-  static constexpr int kRows = 4;
+  static constexpr int kVectorBytes = 32;
+  static constexpr int kTileRows = 4;
   template <typename T>
-  LLTM_TARGET_AVX2 static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, Avx2Set>(a, first, last);
+  LLTM_TARGET_AVX2 static void forward(const ForwardSteps<T>& args, int64_t first, int64_t last) {
+    forward_block<T, Avx2Set>(args, first, last);
   }
   template <typename T>
-  LLTM_TARGET_AVX2 static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last,
-                                        double* bias) {
-    backward_block<T, Avx2Set>(a, first, last, bias);
+  LLTM_TARGET_AVX2 static void backward(const BackwardSteps<T>& args, int64_t first, int64_t last,
+                                        double* bias_sums) {
+    backward_block<T, Avx2Set>(args, first, last, bias_sums);
   }
 };
 
 struct Avx512Set {
-  static constexpr int kBytes = 64;
-  static constexpr int kRows = 8;
+  static constexpr int kVectorBytes = 64;
+  static constexpr int kTileRows = 8;
   template <typename T>
-  LLTM_TARGET_AVX512 static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, Avx512Set>(a, first, last);
+  LLTM_TARGET_AVX512 static void forward(const ForwardSteps<T>& args, int64_t first, int64_t last) {
+    forward_block<T, Avx512Set>(args, first, last);
   }
   template <typename T>
-  LLTM_TARGET_AVX512 static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last,
-                                          double* bias) {
-    backward_block<T, Avx512Set>(a, first, last, bias);
+  LLTM_TARGET_AVX512 static void backward(const BackwardSteps<T>& args, int64_t first, int64_t last,
+                                          double* bias_sums) {
+    backward_block<T, Avx512Set>(args, first, last, bias_sums);
   }
 };
 #endif  // LLTM_X86_DISPATCH
@@ -145,8 +148,8 @@ using NeonSet = PortableSet<16, 6>;
 
 template <typename Set, typename T>
 const RecurrentKernels<T>* kernels_of() {
-  constexpr int64_t kBlockRows = (8 + Set::kRows - 1) / Set::kRows * Set::kRows;
-  static const RecurrentKernels<T> kernels{Set::kBytes / static_cast<int64_t>(sizeof(T)),
+  constexpr int64_t kBlockRows = (8 + Set::kTileRows - 1) / Set::kTileRows * Set::kTileRows;
+  static const RecurrentKernels<T> kernels{Set::kVectorBytes / static_cast<int64_t>(sizeof(T)),
                                            kBlockRows, &Set::template forward<T>,
                                            &Set::template backward<T>};
   return &kernels;

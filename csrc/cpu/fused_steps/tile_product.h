@@ -13,25 +13,25 @@
 
 namespace lltm::cpu {
 
-// acc[r][v] += sum_k a[r][k] * panel[k][v], k < depth; the panel's rows are
-// kV vectors apart. The accumulation order (k ascending, one fused
-// multiply-add each where the set has FMA) is the same for every width.
-template <typename V, typename T, int kRows, int kV>
-LLTM_ALWAYS_INLINE void multiply_panel(V (&acc)[kRows][kV], const T* const* a, const T* panel,
-                                       int64_t depth) {
+// acc[r][v] += sum_k lhs_rows[r][k] * panel[k][v], k < depth; the panel's
+// rows are kVectors vectors apart. The accumulation order (k ascending, one
+// fused multiply-add each where the set has FMA) is the same for every width.
+template <typename V, typename T, int kRows, int kVectors>
+LLTM_ALWAYS_INLINE void multiply_panel(V (&acc)[kRows][kVectors], const T* const* lhs_rows,
+                                       const T* panel, int64_t depth) {
   constexpr int64_t kLanes = sizeof(V) / sizeof(T);
   const T* rows[kRows];
 #pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) rows[r] = a[r];
-  for (int64_t k = 0; k < depth; ++k, panel += kV * kLanes) {
-    V b[kV];
+  for (int r = 0; r < kRows; ++r) rows[r] = lhs_rows[r];
+  for (int64_t k = 0; k < depth; ++k, panel += kVectors * kLanes) {
+    V b[kVectors];
 #pragma GCC unroll 3
-    for (int v = 0; v < kV; ++v) load_vec(b[v], panel + v * kLanes);
+    for (int v = 0; v < kVectors; ++v) load_vec(b[v], panel + v * kLanes);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const T x = rows[r][k];
 #pragma GCC unroll 3
-      for (int v = 0; v < kV; ++v) acc[r][v] += x * b[v];
+      for (int v = 0; v < kVectors; ++v) acc[r][v] += x * b[v];
     }
   }
 }
