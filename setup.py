@@ -183,10 +183,10 @@ def cpu_variant() -> dict:
         "lltm.lib.lltm_cpu",
         sources=[
             "csrc/lltm_ops.cpp",
-            "csrc/cpu/lltm_cpu.cpp",
-            "csrc/cpu/lltm_cpu_sequence_forward.cpp",
-            "csrc/cpu/lltm_cpu_sequence_backward.cpp",
-            "csrc/cpu/module.cpp",
+            "csrc/cpu/cell_kernel.cpp",
+            "csrc/cpu/sequence_forward_kernel.cpp",
+            "csrc/cpu/sequence_backward_kernel.cpp",
+            "csrc/cpu/library_exports.cpp",
         ],
         define_macros=[*MACROS, ("LLTM_VERSION", VERSION)],
     )
@@ -252,7 +252,7 @@ def cuda_variant() -> dict:
             "csrc/cuda/lltm_cuda_sequence_forward.cu",
             "csrc/cuda/lltm_cuda_sequence_backward.cu",
             "csrc/cuda/lltm_cuda_persistent.cu",
-            "csrc/cuda/module.cpp",
+            "csrc/cuda/lltm_cuda_library_exports.cpp",
         ],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).
         define_macros=[

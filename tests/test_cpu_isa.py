@@ -8,7 +8,7 @@ results cannot tell which one ran: lltm._C.cpu_isa() says, and the tests here
 hold it to /proc/cpuinfo and to LLTM_CPU_ISA. Then the parity, sequence,
 fused-step and thread suites run again in a subprocess per variant below the
 default one: each set has its own vector width and tile height in the
-sequence kernels' fused steps (lltm_cpu_recurrence.h; on arm64 the baseline's
+sequence kernels' fused steps (csrc/cpu/fused_steps/dispatch.h; on arm64 the baseline's
 tiles are 4 rows of 16-byte vectors, NEON's 6).
 """
 

@@ -1,4 +1,4 @@
-"""The fused sequence kernels of the CPU (csrc/cpu/lltm_cpu_recurrence.h)
+"""The fused sequence kernels of the CPU (csrc/cpu/fused_steps/dispatch.h)
 against a float64 loop of the reference cell, at the sizes where their
 structure has edges.
 

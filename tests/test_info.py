@@ -116,7 +116,7 @@ def test_damaged_library_is_never_loaded(tmp_path, damage):
 def test_stale_in_place_build(tmp_path):
     root = tmp_path / "checkout"
     package = _copy_package(root / "src")
-    source = root / "csrc" / "cpu" / "lltm_cpu.cpp"
+    source = root / "csrc" / "cpu" / "cell_kernel.cpp"
     source.parent.mkdir(parents=True)
     source.write_text("// edited after the build\n")
     library = _library(package)

@@ -83,7 +83,7 @@ def _largest_pre_activation(inputs):
     return F.linear(torch.cat([old_h, input], 1), weights, bias).abs().max().item()
 
 
-# The exp of lltm_cpu_math.h clamps its argument where 2^n would leave the
+# The exp of csrc/cpu/pointwise/scalar_math.h clamps its argument where 2^n would leave the
 # normal numbers: to [-87, 88] in float (which 16-bit types compute in) and
 # [-708, 709] in double. Beyond, sigmoid and tanh are saturated and elu is -1.
 EXP_CLAMP = {torch.float64: 709.0, torch.float32: 88.0}
@@ -116,9 +116,9 @@ def test_saturated_gates_in_lower_precision(dtype):
 
 
 # Shapes up to 40 x 300 cross the kernels' internal boundaries: a second and
-# third 128-column span (kSpan) of the backward, a second 16-row block of the
-# grad_bias sums (kFoldRows), and 8192 elements, above which the forward is
-# split between threads.
+# third 128-column span (kSpanColumns) of the backward, a second 16-row block
+# of the grad_bias sums (kFoldRows), and 8192 elements, above which the
+# forward is split between threads.
 @settings(max_examples=40, deadline=None)
 @given(
     batch=st.integers(0, 40),

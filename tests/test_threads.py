@@ -5,7 +5,7 @@ state between calls, so neither several Python threads calling at once nor a
 different thread count may change a result. Where the work is split:
 
 * the cell's forward: rows, once batch x state >= 8192 elements;
-* the cell's backward: 128-column spans (kSpan), so from state 129 on;
+* the cell's backward: 128-column spans (kSpanColumns), so from state 129 on;
 * the sequence kernels: each step's rows, in blocks of 8, once a step's
   recurrent product has batch x state x 3 state >= 2^18 multiply-adds (the
   packed AVX2/AVX-512 path; test_cpu_isa.py runs this file with the baseline

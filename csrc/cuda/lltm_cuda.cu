@@ -1,5 +1,5 @@
 // CUDA implementation of lltm::forward and lltm::backward, with the structure
-// of csrc/cpu/lltm_cpu.cpp's:
+// of csrc/cpu/cell_kernel.cpp's:
 //   forward:  gates = b + [old_h, input] @ W^T   (one GEMM through torch,
 //             written straight into the `gates` output: one rounding of the
 //             pre-activations, as in the reference, also for 16-bit types)

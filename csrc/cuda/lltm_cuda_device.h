@@ -1,5 +1,5 @@
 // What the CUDA plugin can tell about a GPU before running on it, for lltm's
-// per-device fallback (src/lltm/_backends.py). Plain C++: module.cpp, built
+// per-device fallback (src/lltm/_backends.py). Plain C++: lltm_cuda_library_exports.cpp, built
 // by the host compiler, calls it.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The LLTM's pointwise math for one element, the device twin of
-// csrc/cpu/lltm_cpu_math.h.
+// csrc/cpu/pointwise/scalar_math.h.
 //
 // Layout of a row of `gates`: [input gate | output gate | candidate], each
 // `state` wide. 16-bit types are widened to float for the arithmetic; double
@@ -30,7 +30,7 @@ __device__ __forceinline__ double tanh_of(double x) { return tanh(x); }
 __device__ __forceinline__ float min_normal(float) { return 1.17549435e-38f; }
 __device__ __forceinline__ double min_normal(double) { return 2.2250738585072014e-308; }
 
-// Exact at the extremes, as on the CPU (csrc/cpu/lltm_cpu_math.h):
+// Exact at the extremes, as on the CPU (csrc/cpu/pointwise/scalar_math.h):
 // sigmoid(-inf) = 0 through exp(inf) = inf, sigmoid(+inf) = 1, NaN stays NaN
 // (it fails the comparison). Results below the smallest normal number are 0,
 // as the CPU kernels give them: subnormal gates slow every later GEMM, and

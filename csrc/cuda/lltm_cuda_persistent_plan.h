@@ -15,7 +15,7 @@
 // global memory). The backward runs the same way, the gradient of h reduced
 // across the P blocks.
 //
-// Plain C++ (no CUDA types): module.cpp, compiled by the host compiler, and
+// Plain C++ (no CUDA types): lltm_cuda_library_exports.cpp, compiled by the host compiler, and
 // the tests' emulated GPU see the same rule.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The fused pointwise kernels of lltm's CUDA implementation and their
 // launchers, shared by the cell (lltm_cuda.cu) and the sequence
-// (lltm_cuda_sequence_*.cu): the device twins of csrc/cpu/lltm_cpu_rows.h.
+// (lltm_cuda_sequence_*.cu): the device twins of csrc/cpu/pointwise/row_passes.h.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

@@ -47,7 +47,7 @@
 
 namespace lltm::cuda {
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
-// Device code, for nvcc only: module.cpp, host code compiled by the host
+// Device code, for nvcc only: lltm_cuda_library_exports.cpp, host code compiled by the host
 // compiler, includes this file too.
 #ifdef __CUDACC__
 // Block, cluster and grid barriers.

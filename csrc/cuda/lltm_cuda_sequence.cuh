@@ -1,6 +1,6 @@
 // What the CUDA sequence kernels' forward (lltm_cuda_sequence_forward.cu) and
 // backward (lltm_cuda_sequence_backward.cu) share, as
-// csrc/cpu/lltm_cpu_sequence.h does for the CPU's: row blocks of the
+// csrc/cpu/sequence_common.h does for the CPU's: row blocks of the
 // (rows, width) matrices and where each step's previous state is.
 // Everything runs on the tensors' device and torch's current stream, so CUDA
 // graphs capture a whole sequence. Steps run on a running state (step t

@@ -1,6 +1,6 @@
 // CUDA implementation of lltm::sequence_backward and
 // lltm::sequence_gate_grads (the CPU's compute the same, organised for a
-// core: csrc/cpu/lltm_cpu_sequence_backward.cpp): every step's gate gradients and the gradients of
+// core: csrc/cpu/sequence_backward_kernel.cpp): every step's gate gradients and the gradients of
 // old_h and old_cell in one persistent launch where the plan allows
 // (lltm_cuda_persistent.cuh), else step by step, last first, one fused
 // kernel for d_gates_t and the gradient of c_prev (in place), then the

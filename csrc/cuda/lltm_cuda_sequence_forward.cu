@@ -1,5 +1,5 @@
 // CUDA implementation of lltm::sequence_forward (the CPU's computes the same,
-// organised for a core: csrc/cpu/lltm_cpu_sequence_forward.cpp): gates = b +
+// organised for a core: csrc/cpu/sequence_forward_kernel.cpp): gates = b +
 // input @ W_x^T for all steps at once (one GEMM), then every step in one
 // persistent launch where the plan allows (lltm_cuda_persistent.cuh), else
 // step by step: gates_t += h_prev @ W_h^T (lltm_cuda_recurrent.cuh: lltm's

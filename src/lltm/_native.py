@@ -113,7 +113,7 @@ class Library:
 
 
 class CpuLibrary(Library):
-    """lltm's CPU library: the op schemas and the CPU kernels (csrc/cpu/module.cpp)."""
+    """lltm's CPU library: the op schemas, the CPU kernels, csrc/cpu/library_exports.cpp."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, "lltm_cpu", "lltm")
@@ -127,7 +127,7 @@ class CpuLibrary(Library):
 
 
 class CudaLibrary(Library):
-    """The CUDA plugin's library: the CUDA kernels (csrc/cuda/module.cpp)."""
+    """The CUDA plugin's library: the CUDA kernels, csrc/cuda/lltm_cuda_library_exports.cpp."""
 
     def __init__(self, path: Path, distribution: str) -> None:
         super().__init__(path, "lltm_cuda", distribution)

@@ -15,11 +15,11 @@ The library built here registers the kernels as ``lltm_cuda_host::forward``,
 ``backward``, ``sequence_forward``, ``sequence_backward`` and
 ``sequence_gate_grads`` for CPU tensors, with the schemas of
 csrc/lltm_ops.cpp (compiled again under that namespace), and carries the CUDA
-plugin's own C functions (csrc/cuda/module.cpp, read as the plugin's ``_C``
-reads them) and a Python module, ``emulation``, the controls of the emulated
-GPU (an H100 until a test sets otherwise; ``reset()`` restores it), its
-schedules (``set_schedule``, ``drop_barrier``), the counts of the launches and
-torch shim calls the CUDA sources make (``calls()``) and the probes of
+plugin's own C functions (csrc/cuda/lltm_cuda_library_exports.cpp, read as the
+plugin's ``_C`` reads them) and a Python module, ``emulation``, the controls of
+the emulated GPU (an H100 until a test sets otherwise; ``reset()`` restores
+it), its schedules (``set_schedule``, ``drop_barrier``), the counts of the
+launches and torch shim calls the CUDA sources make (``calls()``) and the probes of
 tests/test_cuda_host.py.
 
 :func:`routed` makes lltm's own ops run them: for its duration the CPU

@@ -98,17 +98,17 @@ BASELINE = [
 # arithmetic uses: 4s = 4 floats, 2d = 2 doubles).
 CPU_SOURCES = [
     "csrc/lltm_ops.cpp",
-    "csrc/cpu/lltm_cpu.cpp",
-    "csrc/cpu/lltm_cpu_sequence_forward.cpp",
-    "csrc/cpu/lltm_cpu_sequence_backward.cpp",
-    "csrc/cpu/module.cpp",
+    "csrc/cpu/cell_kernel.cpp",
+    "csrc/cpu/sequence_forward_kernel.cpp",
+    "csrc/cpu/sequence_backward_kernel.cpp",
+    "csrc/cpu/library_exports.cpp",
 ]
 NEON_FUNCTIONS = [
     ("forward_span_baseline<float>", "4s"),
     ("forward_span_baseline<double>", "2d"),
     ("backward_span_baseline<float>", "4s"),
     ("backward_span_baseline<double>", "2d"),
-    # NeonSet, lltm_cpu_recurrence.h's name for the set of 6-row tiles
+    # NeonSet, csrc/cpu/fused_steps/dispatch.h's name for the set of 6-row tiles
     ("PortableSet<16, 6>::forward<float>", "4s"),
     ("PortableSet<16, 6>::forward<double>", "2d"),
     ("PortableSet<16, 6>::backward<float>", "4s"),

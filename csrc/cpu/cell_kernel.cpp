@@ -11,10 +11,10 @@
 // 16-bit inputs are computed in float32. GEMMs go through torch (MKL or
 // OpenBLAS behind the C shim): a hand-written AVX-512 kernel for the forward's
 // shape (dot products, no packing) matched MKL but did not beat it, and a
-// packed kernel (lltm_cpu_recurrence.h) pays off only where the packing is
-// reused, over a sequence. Everything else is in this directory: the pointwise math
-// vectorized for each instruction set (lltm_cpu_spans.h, lltm_cpu_math.h) and
-// its glue to tensors (lltm_cpu_rows.h).
+// packed kernel (the sequence's fused steps, fused_steps/) pays off only where
+// the packing is reused, over a sequence. The pointwise passes are pointwise/'s:
+// the math vectorized for each instruction set (scalar_math.h, span_kernels.h)
+// and its glue to tensors (row_passes.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -29,8 +29,8 @@
 
 #include "../lltm_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_rows.h"
-#include "lltm_cpu_torch_ops.h"
+#include "pointwise/row_passes.h"
+#include "torch_calls.h"
 
 namespace lltm::cpu {
 namespace {
@@ -91,11 +91,11 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
     // grad_bias: the kernel adds up to kFoldRows rows in T, those partial
     // sums are then added in double, so the error does not grow with the
     // batch and the hot loop stays in T.
-    T part_i[kSpan], part_o[kSpan], part_g[kSpan];
-    double sum_i[kSpan], sum_o[kSpan], sum_g[kSpan];
+    T part_i[kSpanColumns], part_o[kSpanColumns], part_g[kSpanColumns];
+    double sum_i[kSpanColumns], sum_o[kSpanColumns], sum_g[kSpanColumns];
     for (int64_t span = span_begin; span < span_end; ++span) {
-      const int64_t j = span * kSpan;
-      const int64_t len = std::min(kSpan, state - j);
+      const int64_t j = span * kSpanColumns;
+      const int64_t len = std::min(kSpanColumns, state - j);
       std::fill(sum_i, sum_i + len, 0.0);
       std::fill(sum_o, sum_o + len, 0.0);
       std::fill(sum_g, sum_g + len, 0.0);
@@ -123,7 +123,7 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
       }
     }
   };
-  const int64_t num_spans = (state + kSpan - 1) / kSpan;
+  const int64_t num_spans = (state + kSpanColumns - 1) / kSpanColumns;
   if (worth_parallel(batch * state)) {
     torch::stable::parallel_for(0, num_spans, 1, spans);
   } else {

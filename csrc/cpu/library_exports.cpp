@@ -1,13 +1,14 @@
-// The C functions of lltm's CPU library (lltm/lib/lltm_cpu), read by
-// lltm/_C.py: the lltm version it was built from, which `lltm info` compares
-// with the Python package's to spot a stale build, the oldest torch it loads
-// in, and the instruction set its kernels run. The op schemas (lltm_ops.cpp)
-// and the CPU kernels (lltm_cpu.cpp, lltm_cpu_sequence_*.cpp) linked into the
-// same library register themselves when it is loaded.
+// The plain C functions lltm's CPU library (lltm/lib/lltm_cpu) exports
+// besides its operators, read through ctypes (lltm/_native.py, lltm/_C.py):
+// the lltm version it was built from, which `lltm info` compares with the
+// Python package's to spot a stale build, the oldest torch it loads in, and
+// the instruction set its kernels run. The op schemas (lltm_ops.cpp) and the
+// CPU kernels (cell_kernel.cpp, sequence_*_kernel.cpp) linked into the same
+// library register themselves when it is loaded.
 #include <string>
 
 #include "../lltm_library.h"
-#include "lltm_cpu_isa.h"
+#include "isa.h"
 
 #ifndef LLTM_VERSION
 #error "LLTM_VERSION must be defined by the build (setup.py)"

@@ -4,8 +4,8 @@
 // `gates`), then step by step: gates_t += h_prev @ W_h^T and the cell's
 // pointwise pass, which activates gates_t in place and writes output_t and
 // cells_t. The bias joins the pre-activations in the GEMMs, as in the cell.
-// In float and double the fused steps of lltm_cpu_recurrence.h do both in one
-// pass per step (lltm_cpu_sequence.h).
+// In float and double the sequence's fused steps (fused_steps/) do both in
+// one pass per step (sequence_common.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -22,20 +22,20 @@
 #include "../lltm_sequence.h"
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_recurrence.h"
-#include "lltm_cpu_rows.h"
-#include "lltm_cpu_sequence.h"
-#include "lltm_cpu_torch_ops.h"
+#include "fused_steps/dispatch.h"
+#include "pointwise/row_passes.h"
+#include "sequence_common.h"
+#include "torch_calls.h"
 
 namespace lltm::cpu {
 namespace {
 
-// The forward of every step with the fused kernels (lltm_cpu_recurrence.h).
+// The forward of every step with the fused kernels (fused_steps/dispatch.h).
 template <typename T>
 void fused_forward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes& n,
-                         const Schedule& schedule, const Tensor& x, const Tensor& weights,
-                         const std::optional<Tensor>& bias, const Tensor& h0, const Tensor& c0,
-                         Tensor& output, Tensor& gates, Tensor& cells) {
+                         const Schedule& schedule, const Tensor& input_rows, const Tensor& weights,
+                         const std::optional<Tensor>& bias, const Tensor& old_h,
+                         const Tensor& old_cell, Tensor& output, Tensor& gates, Tensor& cells) {
   const int64_t S = n.state;
   const ForwardPanels<T> panels(
       static_cast<const T*>(weights.data_ptr()), weights.stride(0), weights.stride(1),
@@ -45,13 +45,13 @@ void fused_forward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes
   const ForwardSteps<T> steps{order.view(),
                               S,
                               n.features,
-                              static_cast<const T*>(x.data_ptr()),
-                              x.stride(0),
-                              static_cast<const T*>(h0.data_ptr()),
-                              h0.stride(0),
-                              static_cast<const T*>(c0.data_ptr()),
-                              c0.stride(0),
-                              c0.stride(1),
+                              static_cast<const T*>(input_rows.data_ptr()),
+                              input_rows.stride(0),
+                              static_cast<const T*>(old_h.data_ptr()),
+                              old_h.stride(0),
+                              static_cast<const T*>(old_cell.data_ptr()),
+                              old_cell.stride(0),
+                              old_cell.stride(1),
                               static_cast<T*>(gates.data_ptr()),
                               static_cast<T*>(output.data_ptr()),
                               static_cast<T*>(cells.data_ptr()),
@@ -62,17 +62,17 @@ void fused_forward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes
              [&](int64_t, int64_t first, int64_t last) { kernels.forward(steps, first, last); });
 }
 
-// `x` is the input as (rows, features) with contiguous rows; `h0` has
-// contiguous rows; `c0` any strides.
+// `input_rows` is the input as (rows, features) with contiguous rows; `old_h`
+// has contiguous rows; `old_cell` any strides.
 template <typename scalar_t>
-void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, const Tensor& x,
-                            const Tensor& weights, const std::optional<Tensor>& bias,
-                            const Tensor& h0, const Tensor& c0, Tensor& output, Tensor& gates,
-                            Tensor& cells) {
+void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule,
+                            const Tensor& input_rows, const Tensor& weights,
+                            const std::optional<Tensor>& bias, const Tensor& old_h,
+                            const Tensor& old_cell, Tensor& output, Tensor& gates, Tensor& cells) {
   if constexpr (kHasFusedSteps<scalar_t>) {
     if (const RecurrentKernels<scalar_t>* kernels = recurrent_kernels<scalar_t>()) {
-      fused_forward_steps<scalar_t>(*kernels, n, schedule, x, weights, bias, h0, c0, output, gates,
-                                    cells);
+      fused_forward_steps<scalar_t>(*kernels, n, schedule, input_rows, weights, bias, old_h,
+                                    old_cell, output, gates, cells);
       return;
     }
   }
@@ -81,10 +81,10 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
   scalar_t* out = static_cast<scalar_t*>(output.data_ptr());
   scalar_t* g = static_cast<scalar_t*>(gates.data_ptr());
   scalar_t* c1 = static_cast<scalar_t*>(cells.data_ptr());
-  const Matrix<const scalar_t> h_init = matrix_of<const scalar_t>(h0);  // contiguous rows
-  const Matrix<const scalar_t> c_init = matrix_of<const scalar_t>(c0);
-  const scalar_t* x_data = static_cast<const scalar_t*>(x.data_ptr());
-  const int64_t x_stride = x.stride(0);
+  const Matrix<const scalar_t> h_init = matrix_of<const scalar_t>(old_h);  // contiguous rows
+  const Matrix<const scalar_t> c_init = matrix_of<const scalar_t>(old_cell);
+  const scalar_t* input_data = static_cast<const scalar_t*>(input_rows.data_ptr());
+  const int64_t input_row_stride = input_rows.stride(0);
   // Row r's state before the k-th step: that of the step run before when it
   // had the row, else the initial one.
   auto h_prev = [&](int64_t k, int64_t r) -> const scalar_t* {
@@ -113,9 +113,9 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
   const Tensor w_h_transposed = transposed(column_block(weights, 0, S, false));
   std::optional<Tensor> step_input;  // [h_prev, x_t] of a whole step
   if (kOneGemmPerStep) {
-    step_input = new_matrix(x, n.batch, S + n.features);
+    step_input = new_matrix(input_rows, n.batch, S + n.features);
   } else if (n.rows > 0 && S > 0) {
-    linear_out(gates, bias, x, transposed(column_block(weights, S, n.features, false)));
+    linear_out(gates, bias, input_rows, transposed(column_block(weights, S, n.features, false)));
   }
   for (int64_t k = 0; k < schedule.steps(); ++k) {
     const int64_t t = schedule.step(k);
@@ -127,8 +127,8 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
       scalar_t* in = static_cast<scalar_t*>(step_input->data_ptr());
       for (int64_t r = 0; r < size; ++r) {
         std::copy(h_prev(k, r), h_prev(k, r) + S, in + r * (S + n.features));
-        const scalar_t* x_row = x_data + (start + r) * x_stride;
-        std::copy(x_row, x_row + n.features, in + r * (S + n.features) + S);
+        const scalar_t* input_row = input_data + (start + r) * input_row_stride;
+        std::copy(input_row, input_row + n.features, in + r * (S + n.features) + S);
       }
       Tensor step_gates = reshaped_view(gates, size, 3 * S, 3 * S, 1, start * 3 * S);
       linear_out(step_gates, bias,
@@ -146,8 +146,8 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule, co
       if (size > carried) {
         Tensor joining =
             reshaped_view(gates, size - carried, 3 * S, 3 * S, 1, (start + carried) * 3 * S);
-        const Tensor h_rows = reshaped_view(h0, size - carried, S, h0.stride(0), h0.stride(1),
-                                            carried * h0.stride(0));
+        const Tensor h_rows = reshaped_view(old_h, size - carried, S, old_h.stride(0),
+                                            old_h.stride(1), carried * old_h.stride(0));
         addmm_out(joining, joining, h_rows, w_h_transposed, 1.0);
       }
     }
@@ -199,14 +199,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   Tensor c_n = new_matrix(input, n.batch, n.state);
   Tensor gates_rows = as_rows(gates, n);
   // The GEMMs read the input and h0 as whole rows; c0 is read in place.
-  Tensor x = as_rows(input, n);
-  if (x.stride(1) != 1) x = dense(x);
-  const Tensor h0 = dense(old_h);
+  Tensor input_rows = as_rows(input, n);
+  if (input_rows.stride(1) != 1) input_rows = dense(input_rows);
+  const Tensor dense_old_h = dense(old_h);
   Tensor output_rows = as_rows(output, n);
   Tensor cells_rows = as_rows(cells, n);
   THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_forward_cpu", AT_WRAP([&] {
-                    sequence_forward_steps<scalar_t>(n, schedule, x, weights, bias, h0, old_cell,
-                                                     output_rows, gates_rows, cells_rows);
+                    sequence_forward_steps<scalar_t>(n, schedule, input_rows, weights, bias,
+                                                     dense_old_h, old_cell, output_rows, gates_rows,
+                                                     cells_rows);
                     gather_final_state<scalar_t>(n, schedule, output_rows, old_h, h_n);
                     gather_final_state<scalar_t>(n, schedule, cells_rows, old_cell, c_n);
                   }),

@@ -1,17 +1,17 @@
-// What the CPU sequence kernels' forward (lltm_cpu_sequence_forward.cpp) and
-// backward (lltm_cpu_sequence_backward.cpp) share: the rows of a tensor laid
+// What the CPU sequence kernels' forward (sequence_forward_kernel.cpp) and
+// backward (sequence_backward_kernel.cpp) share: the rows of a tensor laid
 // out like the input, the blocks of batch rows the threads carry through every
 // step, and the order of the steps for the fused kernels.
 //
 // Steps run on a running state: step t updates its first batch_sizes[t] rows,
 // the others keep theirs, which is what a PackedSequence needs in both
 // directions (sequence_forward's contract: src/lltm/ops/library.py). In float
-// and double the steps are the fused kernels of lltm_cpu_recurrence.h, where
-// they exist (GCC and Clang builds): the weights packed once per call, each
-// step one pass of register tiles that computes its pre-activations (input
+// and double the steps are the fused kernels of fused_steps/, where they
+// exist (GCC and Clang builds): the weights packed once per call, each step
+// one pass of register tiles that computes its pre-activations (input
 // projection included) and ends in the cell's pointwise work on the values it
-// holds; forward and backward alike. With several threads each thread carries a
-// block of batch rows through every step. In 16-bit, and where there are no
+// holds; forward and backward alike. With several threads each thread carries
+// a block of batch rows through every step. In 16-bit, and where there are no
 // fused kernels, each step is the cell's computation with torch's GEMM.
 #pragma once
 
@@ -26,7 +26,7 @@
 #include "../lltm_sequence.h"
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_recurrence.h"
+#include "fused_steps/dispatch.h"
 
 namespace lltm::cpu {
 
@@ -34,10 +34,10 @@ namespace lltm::cpu {
 // one core, about what splitting it between threads costs.
 constexpr int64_t kMinParallelProduct = 1 << 18;
 
-// Row r of a tensor laid out like the input (lltm_cpu_recurrence.h).
-template <typename S>
-SequenceRows<S> sequence_rows(const Tensor& t, const SequenceSizes& n) {
-  return {static_cast<S*>(t.data_ptr()), n.batch, n.packed, t.stride(0), t.stride(1),
+// Row r of a tensor laid out like the input (fused_steps/step_args.h).
+template <typename Element>
+SequenceRows<Element> sequence_rows(const Tensor& t, const SequenceSizes& n) {
+  return {static_cast<Element*>(t.data_ptr()), n.batch, n.packed, t.stride(0), t.stride(1),
           n.packed ? 0 : t.stride(2)};
 }
 

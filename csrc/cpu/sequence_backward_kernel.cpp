@@ -5,8 +5,8 @@
 // gradient of c_prev, then the gradient of h_prev = d_gates_t @ W_h. After
 // the loop, over all steps at once: grad_weights = d_gates^T @ [h_prev, input]
 // (one GEMM), grad_input = d_gates @ W_x (one GEMM); grad_bias is summed along
-// the way. In float and double the fused steps of lltm_cpu_recurrence.h run
-// the loop (lltm_cpu_sequence.h).
+// the way. In float and double the sequence's fused steps (fused_steps/) run
+// the loop (sequence_common.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -23,10 +23,10 @@
 #include "../lltm_sequence.h"
 #include "../lltm_sequence_checks.h"
 #include "../lltm_tensor.h"
-#include "lltm_cpu_recurrence.h"
-#include "lltm_cpu_rows.h"
-#include "lltm_cpu_sequence.h"
-#include "lltm_cpu_torch_ops.h"
+#include "fused_steps/dispatch.h"
+#include "pointwise/row_passes.h"
+#include "sequence_common.h"
+#include "torch_calls.h"
 
 namespace lltm::cpu {
 namespace {
@@ -37,26 +37,26 @@ struct BackwardWorkspace {
   BackwardBuffers<T> buf;
   std::vector<T> grad_h;            // one row: the gradient reaching h_t
   std::vector<scalar_t> grad_cell;  // one row: the gradient of c_prev
-  std::vector<T> bias;              // d_gates summed over up to kFoldRows rows
+  std::vector<T> bias_partial;      // d_gates summed over up to kFoldRows rows
   std::vector<double> bias_total;   // ... and over every step
-  int64_t folded = 0;               // rows in `bias` not yet in bias_total
+  int64_t rows_in_partial = 0;      // rows in bias_partial not yet in bias_total
 
   explicit BackwardWorkspace(int64_t state)
-      : grad_h(state), grad_cell(state), bias(3 * state), bias_total(3 * state) {}
+      : grad_h(state), grad_cell(state), bias_partial(3 * state), bias_total(3 * state) {}
 
   void fold() {
-    for (size_t j = 0; j < bias.size(); ++j) bias_total[j] += bias[j];
-    std::fill(bias.begin(), bias.end(), T(0));
-    folded = 0;
+    for (size_t j = 0; j < bias_partial.size(); ++j) bias_total[j] += bias_partial[j];
+    std::fill(bias_partial.begin(), bias_partial.end(), T(0));
+    rows_in_partial = 0;
   }
 };
 
-// Backpropagation through time with the fused kernels (lltm_cpu_recurrence.h).
+// Backpropagation through time with the fused kernels (fused_steps/dispatch.h).
 template <typename T>
 void fused_backward_steps(const RecurrentKernels<T>& kernels, const SequenceSizes& n,
                           const Schedule& schedule, const std::optional<Tensor>& grad_output,
                           const Tensor& gates, const Tensor& cells, const Tensor& weights,
-                          Tensor& d_gates, Tensor& grad_h, Tensor& grad_c, T* grad_bias,
+                          Tensor& d_gates, Tensor& grad_h, Tensor& grad_cell, T* grad_bias,
                           bool want_old_h) {
   const int64_t S = n.state;
   const BackwardPanels<T> panels(static_cast<const T*>(weights.data_ptr()), weights.stride(0),
@@ -70,10 +70,10 @@ void fused_backward_steps(const RecurrentKernels<T>& kernels, const SequenceSize
                          sequence_rows<const T>(cells, n),
                          static_cast<T*>(d_gates.data_ptr()),
                          static_cast<T*>(grad_h.data_ptr()),
-                         static_cast<T*>(grad_c.data_ptr()),
+                         static_cast<T*>(grad_cell.data_ptr()),
                          &panels,
                          want_old_h};
-  if (grad_output.has_value()) steps.dy = sequence_rows<const T>(*grad_output, n);
+  if (grad_output.has_value()) steps.grad_output = sequence_rows<const T>(*grad_output, n);
   const RowBlocks blocks = split_rows(n.batch, n.rows * 3 * S * S, kernels.block_rows);
   // grad_bias: each block's column sums in double, added up at the end.
   std::vector<double> sums(grad_bias != nullptr ? blocks.count * 3 * S : 0, 0.0);
@@ -93,11 +93,12 @@ template <typename scalar_t>
 void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
                              const std::optional<Tensor>& grad_output, const Tensor& gates,
                              const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                             Tensor& grad_h, Tensor& grad_c, scalar_t* grad_bias, bool want_old_h) {
+                             Tensor& grad_h, Tensor& grad_cell, scalar_t* grad_bias,
+                             bool want_old_h) {
   if constexpr (kHasFusedSteps<scalar_t>) {
     if (const RecurrentKernels<scalar_t>* kernels = recurrent_kernels<scalar_t>()) {
       fused_backward_steps<scalar_t>(*kernels, n, schedule, grad_output, gates, cells, weights,
-                                     d_gates, grad_h, grad_c, grad_bias, want_old_h);
+                                     d_gates, grad_h, grad_cell, grad_bias, want_old_h);
       return;
     }
   }
@@ -109,20 +110,20 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
   if (grad_output.has_value()) dy = sequence_rows<const scalar_t>(*grad_output, n);
   scalar_t* dg = static_cast<scalar_t*>(d_gates.data_ptr());  // contiguous (rows, 3S)
   scalar_t* dh = static_cast<scalar_t*>(grad_h.data_ptr());   // contiguous (batch, S)
-  scalar_t* dc = static_cast<scalar_t*>(grad_c.data_ptr());
+  scalar_t* dc = static_cast<scalar_t*>(grad_cell.data_ptr());
   const Tensor w_h_view = column_block(weights, 0, S, false);
   BackwardWorkspace<scalar_t> ws(S);
 
   // d_gates of rows [first, end) of step t and the gradient of c_prev (into
-  // grad_c); their d_gates also join the workspace's grad_bias sums.
+  // grad_cell); their d_gates also join the workspace's grad_bias sums.
   auto pointwise = [&](int64_t start, int64_t first, int64_t end) {
-    T* bias = ws.bias.data();
+    T* bias = ws.bias_partial.data();
     for (int64_t r = first; r < end; ++r) {
       const int64_t row = start + r;
       // The gradient reaching h_t: through output_t and through h_t's use by
       // the step after (in grad_h).
-      for (int64_t j = 0; j < S; j += kSpan) {
-        const int64_t len = std::min(kSpan, S - j);
+      for (int64_t j = 0; j < S; j += kSpanColumns) {
+        const int64_t len = std::min(kSpanColumns, S - j);
         T* sum = ws.grad_h.data() + j;
         const T* carried = load_span(dh + r * S + j, 1, len, ws.buf.grad_h);
         std::copy(carried, carried + len, sum);
@@ -132,14 +133,14 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
           for (int64_t q = 0; q < len; ++q) sum[q] += direct[q];
         }
       }
-      for (int64_t j = 0; j < S; j += kSpan) {
+      for (int64_t j = 0; j < S; j += kSpanColumns) {
         backward_span(ws.buf, RowRef<const T>{ws.grad_h.data(), 1},
                       RowRef<const scalar_t>{dc + r * S, 1}, c1.row(row), g.row(row),
                       dg + row * 3 * S, ws.grad_cell.data(), bias + j, bias + S + j,
-                      bias + 2 * S + j, S, j, std::min(kSpan, S - j));
+                      bias + 2 * S + j, S, j, std::min(kSpanColumns, S - j));
       }
       std::copy(ws.grad_cell.begin(), ws.grad_cell.end(), dc + r * S);
-      if (++ws.folded == kFoldRows) ws.fold();
+      if (++ws.rows_in_partial == kFoldRows) ws.fold();
     }
   };
 
@@ -160,12 +161,12 @@ void sequence_backward_steps(const SequenceSizes& n, const Schedule& schedule,
   }
 }
 
-template <typename S>
-void copy_row(RowRef<const S> from, int64_t n, S* to) {
+template <typename Element>
+void copy_row(RowRef<const Element> from, int64_t count, Element* to) {
   if (from.stride == 1) {
-    std::copy(from.data, from.data + n, to);
+    std::copy(from.data, from.data + count, to);
   } else {
-    for (int64_t j = 0; j < n; ++j) to[j] = *from.at(j);
+    for (int64_t j = 0; j < count; ++j) to[j] = *from.at(j);
   }
 }
 
@@ -173,12 +174,12 @@ void copy_row(RowRef<const S> from, int64_t n, S* to) {
 template <typename scalar_t>
 void previous_state_and_input(const SequenceSizes& n, const Schedule& schedule,
                               const Tensor& output, const Tensor& old_h, const Tensor& input,
-                              Tensor& x) {
+                              Tensor& h_prev_and_input) {
   const int64_t S = n.state, F = n.features;
   const SequenceRows<const scalar_t> y = sequence_rows<const scalar_t>(output, n);
   const SequenceRows<const scalar_t> in = sequence_rows<const scalar_t>(input, n);
   const Matrix<const scalar_t> h0 = matrix_of<const scalar_t>(old_h);
-  scalar_t* out = static_cast<scalar_t*>(x.data_ptr());
+  scalar_t* out = static_cast<scalar_t*>(h_prev_and_input.data_ptr());
   for (int64_t k = 0; k < schedule.steps(); ++k) {
     const int64_t t = schedule.step(k);
     const int64_t previous = k == 0 ? 0 : schedule.sizes[schedule.step(k - 1)];
@@ -199,7 +200,7 @@ void previous_state_and_input(const SequenceSizes& n, const Schedule& schedule,
 // running gradients of the state after the first step); grad_bias too when
 // it is given.
 struct ThroughTime {
-  Tensor d_gates, d_gate_rows, grad_h, grad_c;
+  Tensor d_gates, d_gate_rows, grad_h, grad_cell;
 };
 
 ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedule,
@@ -215,7 +216,7 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
                      new_matrix(input, n.batch, S)};
   THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_backward_cpu", AT_WRAP([&] {
                     for (auto [from, to] :
-                         {std::pair{&grad_h_n, &result.grad_h}, {&grad_c_n, &result.grad_c}}) {
+                         {std::pair{&grad_h_n, &result.grad_h}, {&grad_c_n, &result.grad_cell}}) {
                       scalar_t* d = static_cast<scalar_t*>(to->data_ptr());
                       if (!from->has_value()) {
                         std::fill(d, d + n.batch * S, scalar_t(0));
@@ -225,7 +226,7 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
                     }
                     sequence_backward_steps<scalar_t>(
                         n, schedule, grad_output, gates, cells, weights, result.d_gate_rows,
-                        result.grad_h, result.grad_c,
+                        result.grad_h, result.grad_cell,
                         grad_bias ? static_cast<scalar_t*>(grad_bias->data_ptr()) : nullptr,
                         want_old_h);
                   }),
@@ -258,13 +259,14 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   std::optional<Tensor> grad_input, grad_weights;
   if (want.weights) {
     grad_weights = new_matrix(weights, 3 * S, S + n.features);
-    Tensor x = new_matrix(input, n.rows, S + n.features);
+    Tensor h_prev_and_input = new_matrix(input, n.rows, S + n.features);
     THO_DISPATCH_V2(input.scalar_type(), "lltm_sequence_grad_weights_cpu", AT_WRAP([&] {
-                      previous_state_and_input<scalar_t>(n, schedule, output, old_h, input, x);
+                      previous_state_and_input<scalar_t>(n, schedule, output, old_h, input,
+                                                         h_prev_and_input);
                     }),
                     AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                     torch::headeronly::ScalarType::BFloat16);
-    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), x, 0.0);
+    addmm_out(*grad_weights, *grad_weights, transposed(d_gates), h_prev_and_input, 0.0);
   }
   if (want.input) {
     grad_input = new_sequence_tensor(input, n, n.features);
@@ -273,7 +275,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   }
   return {grad_input, grad_weights, grad_bias,
           want.old_h ? std::optional<Tensor>(through_time.grad_h) : std::nullopt,
-          want.old_cell ? std::optional<Tensor>(through_time.grad_c) : std::nullopt};
+          want.old_cell ? std::optional<Tensor>(through_time.grad_cell) : std::nullopt};
 }
 
 std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(
@@ -288,7 +290,7 @@ std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(
   ThroughTime through_time =
       backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
                             weights, no_bias, /*want_old_h=*/true);
-  return {through_time.d_gates, through_time.grad_h, through_time.grad_c};
+  return {through_time.d_gates, through_time.grad_h, through_time.grad_cell};
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The weights of lltm's fused sequence kernels (lltm_cpu_recurrence.h),
-// packed once per call into the order their register tiles read them: each
-// tile then streams one contiguous panel, whatever the strides of `weights`.
+// The weights of the sequence's fused steps (dispatch.h), packed once per
+// call into the order their register tiles read them: each tile then streams
+// one contiguous panel, whatever the strides of `weights`.
 // Packing is the same for every instruction set but for the vector width L.
 #pragma once
 
@@ -40,10 +40,10 @@ struct ForwardPanels {
   int64_t lanes, panels, panel_size;
   AlignedArray<T> values;
 
-  // W[r][c] at w[r * w_row + c * w_col] (3S x (S + F), columns [h | x]);
-  // bias[r] at bias[r * bias_stride], or no bias.
-  ForwardPanels(const T* w, int64_t w_row, int64_t w_col, const T* bias, int64_t bias_stride,
-                int64_t state, int64_t features, int64_t lanes_)
+  // W[r][c] at weights[r * row_stride + c * column_stride] (3S x (S + F),
+  // columns [h | x]); bias[r] at bias[r * bias_stride], or no bias.
+  ForwardPanels(const T* weights, int64_t row_stride, int64_t column_stride, const T* bias,
+                int64_t bias_stride, int64_t state, int64_t features, int64_t lanes_)
       : lanes(lanes_),
         panels((state + lanes_ - 1) / lanes_),
         panel_size((1 + features + state) * 3 * lanes_),
@@ -59,10 +59,10 @@ struct ForwardPanels {
           const int64_t r = gate * S + p * L + l;
           if (bias != nullptr) out[gate * L + l] = bias[r * bias_stride];
           for (int64_t k = 0; k < F; ++k) {
-            out[(1 + k) * 3 * L + gate * L + l] = w[r * w_row + (S + k) * w_col];
+            out[(1 + k) * 3 * L + gate * L + l] = weights[r * row_stride + (S + k) * column_stride];
           }
           for (int64_t k = 0; k < S; ++k) {
-            out[(1 + F + k) * 3 * L + gate * L + l] = w[r * w_row + k * w_col];
+            out[(1 + F + k) * 3 * L + gate * L + l] = weights[r * row_stride + k * column_stride];
           }
         }
       }
@@ -71,41 +71,48 @@ struct ForwardPanels {
 };
 
 // The backward's right-hand side W_h (3S x S) as panels of up to three
-// vectors of state columns: panel p holds, for each k < 3S, `vectors[p] * L`
-// values of row k of W_h, zero beyond the state size. Three vectors make the
-// best tile; a state of 3q + 1 vectors ends in two panels of two rather than
-// one of a single vector, whose tile would wait on its FMAs' latency.
+// vectors of state columns: panel p holds, for each k < 3S,
+// `panel_vectors[p] * L` values of row k of W_h, zero beyond the state size.
+// Three vectors make the best tile; a state of 3q + 1 vectors ends in two
+// panels of two rather than one of a single vector, whose tile would wait on
+// its FMAs' latency.
 template <typename T>
 struct BackwardPanels {
   int64_t lanes;
-  std::vector<int64_t> first, vectors, offset;  // per panel: first column, width, where
+  // Per panel: its first state column, its width in vectors, where its
+  // values start.
+  std::vector<int64_t> panel_first_column, panel_vectors, panel_offset;
   AlignedArray<T> values;
 
-  BackwardPanels(const T* w, int64_t w_row, int64_t w_col, int64_t state, int64_t lanes_)
+  // W_h[r][c] at weights[r * row_stride + c * column_stride].
+  BackwardPanels(const T* weights, int64_t row_stride, int64_t column_stride, int64_t state,
+                 int64_t lanes_)
       : lanes(lanes_), values(plan(state, lanes_)) {
     const int64_t S = state, L = lanes;
-    for (size_t p = 0; p < first.size(); ++p) {
-      T* out = values.get() + offset[p];
-      const int64_t width = vectors[p] * L;
-      const int64_t cols = std::min(width, S - first[p]);
+    for (size_t p = 0; p < panel_first_column.size(); ++p) {
+      T* out = values.get() + panel_offset[p];
+      const int64_t width = panel_vectors[p] * L;
+      const int64_t cols = std::min(width, S - panel_first_column[p]);
       if (cols < width) std::fill(out, out + 3 * S * width, T(0));  // lanes past the state
       for (int64_t k = 0; k < 3 * S; ++k) {
         for (int64_t l = 0; l < cols; ++l)
-          out[k * width + l] = w[k * w_row + (first[p] + l) * w_col];
+          out[k * width + l] =
+              weights[k * row_stride + (panel_first_column[p] + l) * column_stride];
       }
     }
   }
 
  private:
-  // Fills first/vectors/offset; returns the number of values.
+  // Fills panel_first_column, panel_vectors and panel_offset; returns the
+  // number of values.
   int64_t plan(int64_t state, int64_t L) {
     int64_t left = (state + L - 1) / L;  // vectors of state columns
     int64_t column = 0, size = 0;
     while (left > 0) {
       const int64_t v = left == 4 ? 2 : std::min<int64_t>(left, 3);
-      first.push_back(column);
-      vectors.push_back(v);
-      offset.push_back(size);
+      panel_first_column.push_back(column);
+      panel_vectors.push_back(v);
+      panel_offset.push_back(size);
       column += v * L;
       size += 3 * state * v * L;
       left -= v;

@@ -3,12 +3,12 @@
 // Each architecture has a baseline, the code every CPU of it runs (SSE2 on
 // x86-64, NEON on arm64), and wider or better-fitted variants:
 //
-//   x86-64 (GCC or Clang): the vectorized kernels (lltm_cpu_spans.h,
-//     lltm_cpu_recurrence.h) are compiled a second and third time, for
-//     AVX2+FMA and for AVX-512, and the widest set the CPU supports is picked
-//     once, at the first kernel call.
-//   arm64 (GCC or Clang): "neon" compiles the fused sequence steps of
-//     lltm_cpu_recurrence.h with register tiles sized for NEON's 32 vector
+//   x86-64 (GCC or Clang): the vectorized kernels (pointwise/span_kernels.h,
+//     fused_steps/) are compiled a second and third time, for AVX2+FMA and
+//     for AVX-512, and the widest set the CPU supports is picked once, at
+//     the first kernel call.
+//   arm64 (GCC or Clang): "neon" compiles the sequence's fused steps
+//     (fused_steps/) with register tiles sized for NEON's 32 vector
 //     registers (the baseline's tiles are the portable ones, sized for
 //     SSE2's 16). NEON is part of every arm64 CPU, so it is always the
 //     default.

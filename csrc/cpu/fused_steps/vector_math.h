@@ -1,7 +1,7 @@
-// SIMD vectors for the fused sequence kernels (lltm_cpu_recurrence.h): GCC
-// and Clang vector extensions, and the LLTM's activations computed on them.
+// The LLTM's activations on SIMD vectors (simd.h), for the sequence's fused
+// steps: exp, expm1, sigmoid, tanh, ELU and ELU's derivative.
 //
-// The activations are lltm_cpu_math.h's, formula for formula and in the same
+// They are pointwise/scalar_math.h's, formula for formula and in the same
 // order (so the values are those of the cell's kernels), written on vectors
 // instead of scalars for two reasons: the epilogues work on the tile's
 // registers with no staging through memory, and the clamp of exp's argument
@@ -12,45 +12,17 @@
 //
 // Multiply-adds are written a * b + c: the compiler contracts them into one
 // fused multiply-add where the target has FMA (GCC and Clang do by default),
-// as lltm_cpu_math.h's FusedMulAdd does, and computes them separately where
-// it has none, as its SeparateMulAdd does.
-//
-// Vectors pass by reference: by value, a wide vector would have another
-// calling convention in the baseline part of the library (GCC's -Wpsabi).
+// as pointwise/scalar_math.h's FusedMulAdd does, and computes them separately
+// where it has none, as its SeparateMulAdd does.
 #pragma once
 
-#if !defined(__GNUC__) && !defined(__clang__)
-#error "lltm_cpu_simd.h needs GCC or Clang vector extensions"
-#endif
-
-#include <cstdint>
-#include <cstring>
 #include <type_traits>
 
-#include "lltm_cpu_isa.h"
-#include "lltm_cpu_math.h"
+#include "../isa.h"
+#include "../pointwise/scalar_math.h"
+#include "simd.h"
 
 namespace lltm::cpu {
-
-template <typename T, int kBytes>
-struct Simd {
-  static constexpr int64_t kLanes = kBytes / static_cast<int64_t>(sizeof(T));
-  typedef T Vec __attribute__((vector_size(kBytes)));
-  // Comparison masks, and the unsigned integers of T's width.
-  using Int = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
-  typedef Int Mask __attribute__((vector_size(kBytes)));
-  typedef std::make_unsigned_t<Int> Bits __attribute__((vector_size(kBytes)));
-};
-
-template <typename V, typename T>
-LLTM_ALWAYS_INLINE void load_vec(V& v, const T* p) {
-  std::memcpy(&v, p, sizeof v);
-}
-
-template <typename V, typename T>
-LLTM_ALWAYS_INLINE void store_vec(T* p, const V& v) {
-  std::memcpy(p, &v, sizeof v);
-}
 
 // The activations on vectors of T.
 template <typename T, int kBytes>

@@ -1,24 +1,24 @@
-// What the fused sequence kernels (lltm_cpu_recurrence.h) are given: plain
-// pointers and strides, no torch type.
+// What the sequence's fused steps (dispatch.h) are given: plain pointers and
+// strides, no torch type.
 #pragma once
 
 #include <cstdint>
 
-#include "lltm_cpu_panels.h"
-#include "lltm_cpu_rows.h"
+#include "../row_ref.h"
+#include "weight_panels.h"
 
 namespace lltm::cpu {
 
 // Row r of a tensor laid out like the sequence input: (steps, batch, width)
 // with rows counted step by step, or packed (rows, width).
-template <typename S>
+template <typename Element>
 struct SequenceRows {
-  S* data;
+  Element* data;
   int64_t batch;
   bool packed;
   int64_t stride0, stride1, stride2;
 
-  RowRef<S> row(int64_t r) const {
+  RowRef<Element> row(int64_t r) const {
     if (packed) return {data + r * stride0, stride1};
     return {data + (r / batch) * stride0 + (r % batch) * stride1, stride2};
   }
@@ -37,33 +37,36 @@ struct StepOrder {
   int64_t size(int64_t k) const { return k < 0 || k >= steps ? 0 : sizes[k]; }
 };
 
+// The arguments of the forward steps (forward_steps.h). Row r of input, of
+// old_h (h_0) and of old_cell (c_0) starts at r times its row stride.
 template <typename T>
 struct ForwardSteps {
   StepOrder order;
   int64_t state, features;
-  const T* x;  // row r of the input at x + r * x_stride, columns dense
-  int64_t x_stride;
-  const T* h0;  // row r of h_0 at h0 + r * h0_stride, columns dense
-  int64_t h0_stride;
-  const T* c0;  // c_0[r][j] at c0 + r * c0_row + j * c0_col
-  int64_t c0_row, c0_col;
-  T* gates;  // dense (rows, 3S): activated input and output gates, candidate pre-activation
-  T* out;    // dense (rows, S)
-  T* cells;  // dense (rows, S)
+  const T* input;  // columns dense
+  int64_t input_row_stride;
+  const T* old_h;  // columns dense
+  int64_t old_h_row_stride;
+  const T* old_cell;
+  int64_t old_cell_row_stride, old_cell_column_stride;
+  T* gates;   // dense (rows, 3S): activated input and output gates, candidate pre-activation
+  T* output;  // dense (rows, S)
+  T* cells;   // dense (rows, S)
   const ForwardPanels<T>* weights;
 };
 
+// The arguments of the backward steps (backward_steps.h).
 template <typename T>
 struct BackwardSteps {
   StepOrder order;
   int64_t state;
-  bool has_dy;
-  SequenceRows<const T> dy, gates, cells;  // dy: the gradient of the output
-  T* d_gates;                              // dense (rows, 3S)
-  T* dh;  // dense (batch, S): in the gradient of h_n, out that of h_0
-  T* dc;  // dense (batch, S): in the gradient of c_n, out that of c_0
+  bool has_grad_output;
+  SequenceRows<const T> grad_output, gates, cells;
+  T* d_gates;    // dense (rows, 3S)
+  T* grad_h;     // dense (batch, S): in the gradient of h_n, out that of h_0
+  T* grad_cell;  // dense (batch, S): in the gradient of c_n, out that of c_0
   const BackwardPanels<T>* weights;
-  bool want_old_h;  // whether the gradient of h_0 is wanted (in dh)
+  bool want_old_h;  // whether the gradient of h_0 is wanted (in grad_h)
 };
 
 }  // namespace lltm::cpu

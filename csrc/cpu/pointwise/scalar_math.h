@@ -4,7 +4,7 @@
 // uses them runs one element at a time (glibc's expm1f alone took a third of
 // the forward pass). The functions here are branch-free (selects, not jumps),
 // use only +, -, *, / and integer bit operations, and are inlined into the
-// loops of lltm_cpu_spans.h, which the compiler then turns into SIMD code.
+// loops of span_kernels.h, which the compiler then turns into SIMD code.
 //
 // Accuracy, measured against torch's float64 functions over [-800, 800] and
 // tiny arguments: at most 1.5 units in the last place, in float and in double
@@ -23,7 +23,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "lltm_cpu_isa.h"
+#include "../isa.h"
 
 namespace lltm::cpu {
 

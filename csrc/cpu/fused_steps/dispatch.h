@@ -1,6 +1,8 @@
-// The recurrent steps of lltm's sequence kernels in float and double: each
-// step's products as register tiles on weights packed once per call
-// (lltm_cpu_panels.h), with the step's pointwise work next to them.
+// The sequence's fused steps in float and double, the entry of this folder:
+// the kernels of each instruction set and the choice for this CPU
+// (recurrent_kernels()). Each step's products run as register tiles on
+// weights packed once per call (weight_panels.h), with the step's pointwise
+// work next to them (forward_steps.h, backward_steps.h).
 //
 // A step's product is small (16 x 160 by 160 x 384 at the tutorial's size);
 // a library GEMM call packs its right-hand side every time and ran these at
@@ -10,15 +12,15 @@
 //   forward   gates = b + x_t W_x^T + h_prev W_h^T in one pass of register
 //             tiles over k < features + state (bias and input projection
 //             included: no separate pass over the gates). The packed columns
-//             interleave the gates, so that a tile of kRows rows by three
+//             interleave the gates, so that a tile of kTileRows rows by three
 //             vectors holds the input gates, output gates and candidates of
-//             kRows x L cells (L = SIMD lanes), and the tile ends in the
+//             kTileRows x L cells (L = SIMD lanes), and the tile ends in the
 //             cell's pointwise forward on its own registers: activations, new
 //             cell and new h, each written once.
-//   backward  per step, dh = dg_{t+1} W_h (tiles of kRows rows by up to three
-//             vectors of state columns, into the running gradient of h),
-//             then the cell's backward of those rows while they are in L1:
-//             d_gates of step t, the gradient of c_prev, grad_bias sums.
+//   backward  per step, dh = dg_{t+1} W_h (tiles of kTileRows rows by up to
+//             three vectors of state columns, into the running gradient of
+//             h), then the cell's backward of those rows while they are in
+//             L1: d_gates of step t, the gradient of c_prev, grad_bias sums.
 //             (Fused into each tile's epilogue, as in the forward, the
 //             per-tile bookkeeping cost more than it saved: the product is
 //             read once, from L1, either way.)
@@ -28,35 +30,35 @@
 // of interleaved runs): at (16, 32, 128) forward 0.96x, backward 0.93x the
 // time; at (64, 256, 512) forward 0.98x-1.0x, backward 0.92x-0.96x.
 //
-// Instruction sets (lltm_cpu_isa.h): one source, compiled per set through a
-// small struct of the set's vector width, tile height and target attribute
+// Instruction sets (isa.h): one source, compiled per set through a small
+// struct of the set's vector width, tile height and target attribute
 // (BaselineSet, Avx2Set, Avx512Set, NeonSet below): AVX-512 (64-byte vectors,
 // 8-row tiles), AVX2+FMA (32 bytes, 4 rows), NEON on arm64 (16 bytes, 6
 // rows) and the baseline (16 bytes, 4 rows: SSE2 on x86-64, NEON under
 // LLTM_CPU_ISA=baseline on arm64, whatever 16-byte vectors the compiler
 // lowers to elsewhere). Another set is one more such struct and one more
 // case in recurrent_kernels(). The vectors are GCC/Clang vector extensions
-// (lltm_cpu_simd.h); other compilers (MSVC) get no kernels here, and the
-// sequence runs the cell's path with torch's GEMM.
+// (simd.h); other compilers (MSVC) get no kernels here, and the sequence
+// runs the cell's path with torch's GEMM.
 //
-// The pointwise math is the cell's (lltm_cpu_math.h, formula for formula),
-// and every product sums over k in the same order whatever the vector
-// width, so AVX2 and AVX-512 give the same bits. So should arm64's baseline
-// and NEON, by the same argument (both contract a * b + c into one FMA, and
-// the tile height changes which rows run together, never a row's
+// The pointwise math is the cell's (pointwise/scalar_math.h, formula for
+// formula), and every product sums over k in the same order whatever the
+// vector width, so AVX2 and AVX-512 give the same bits. So should arm64's
+// baseline and NEON, by the same argument (both contract a * b + c into one
+// FMA, and the tile height changes which rows run together, never a row's
 // arithmetic), though no test has compared them on an arm64 CPU yet.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "lltm_cpu_isa.h"
-#include "lltm_cpu_steps.h"
+#include "../isa.h"
+#include "step_args.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LLTM_RECURRENCE_KERNELS 1
-#include "lltm_cpu_backward_steps.h"
-#include "lltm_cpu_forward_steps.h"
+#include "backward_steps.h"
+#include "forward_steps.h"
 #else
 #define LLTM_RECURRENCE_KERNELS 0
 #endif
@@ -88,17 +90,18 @@ struct RecurrentKernels {
 
 // The sets that need no target attribute: the architecture's baseline
 // compiles them.
-template <int Bytes, int Rows>
+template <int VectorBytes, int TileRows>
 struct PortableSet {
-  static constexpr int kBytes = Bytes;
-  static constexpr int kRows = Rows;
+  static constexpr int kVectorBytes = VectorBytes;
+  static constexpr int kTileRows = TileRows;
   template <typename T>
-  static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, PortableSet>(a, first, last);
+  static void forward(const ForwardSteps<T>& args, int64_t first, int64_t last) {
+    forward_block<T, PortableSet>(args, first, last);
   }
   template <typename T>
-  static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last, double* bias) {
-    backward_block<T, PortableSet>(a, first, last, bias);
+  static void backward(const BackwardSteps<T>& args, int64_t first, int64_t last,
+                       double* bias_sums) {
+    backward_block<T, PortableSet>(args, first, last, bias_sums);
   }
 };
 
@@ -106,30 +109,30 @@ using BaselineSet = PortableSet<16, 4>;
 
 #if LLTM_X86_DISPATCH
 struct Avx2Set {
-  static constexpr int kBytes = 32;
-  static constexpr int kRows = 4;
+  static constexpr int kVectorBytes = 32;
+  static constexpr int kTileRows = 4;
   template <typename T>
-  LLTM_TARGET_AVX2 static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, Avx2Set>(a, first, last);
+  LLTM_TARGET_AVX2 static void forward(const ForwardSteps<T>& args, int64_t first, int64_t last) {
+    forward_block<T, Avx2Set>(args, first, last);
   }
   template <typename T>
-  LLTM_TARGET_AVX2 static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last,
-                                        double* bias) {
-    backward_block<T, Avx2Set>(a, first, last, bias);
+  LLTM_TARGET_AVX2 static void backward(const BackwardSteps<T>& args, int64_t first, int64_t last,
+                                        double* bias_sums) {
+    backward_block<T, Avx2Set>(args, first, last, bias_sums);
   }
 };
 
 struct Avx512Set {
-  static constexpr int kBytes = 64;
-  static constexpr int kRows = 8;
+  static constexpr int kVectorBytes = 64;
+  static constexpr int kTileRows = 8;
   template <typename T>
-  LLTM_TARGET_AVX512 static void forward(const ForwardSteps<T>& a, int64_t first, int64_t last) {
-    forward_block<T, Avx512Set>(a, first, last);
+  LLTM_TARGET_AVX512 static void forward(const ForwardSteps<T>& args, int64_t first, int64_t last) {
+    forward_block<T, Avx512Set>(args, first, last);
   }
   template <typename T>
-  LLTM_TARGET_AVX512 static void backward(const BackwardSteps<T>& a, int64_t first, int64_t last,
-                                          double* bias) {
-    backward_block<T, Avx512Set>(a, first, last, bias);
+  LLTM_TARGET_AVX512 static void backward(const BackwardSteps<T>& args, int64_t first, int64_t last,
+                                          double* bias_sums) {
+    backward_block<T, Avx512Set>(args, first, last, bias_sums);
   }
 };
 #endif  // LLTM_X86_DISPATCH
@@ -145,8 +148,8 @@ using NeonSet = PortableSet<16, 6>;
 
 template <typename Set, typename T>
 const RecurrentKernels<T>* kernels_of() {
-  constexpr int64_t kBlockRows = (8 + Set::kRows - 1) / Set::kRows * Set::kRows;
-  static const RecurrentKernels<T> kernels{Set::kBytes / static_cast<int64_t>(sizeof(T)),
+  constexpr int64_t kBlockRows = (8 + Set::kTileRows - 1) / Set::kTileRows * Set::kTileRows;
+  static const RecurrentKernels<T> kernels{Set::kVectorBytes / static_cast<int64_t>(sizeof(T)),
                                            kBlockRows, &Set::template forward<T>,
                                            &Set::template backward<T>};
   return &kernels;
