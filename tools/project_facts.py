@@ -1,5 +1,5 @@
 """Facts of the project the packaging checks compare against, read from the
-source (setup.py, src/lltm/_version.py, noxfile.py) without importing or
+source (setup.py, src/lltm/_version.py, tools/nox_matrix.py) without importing or
 running it."""
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ def arch_lists() -> dict[int, str]:
 
 
 def nox_default(variable: str) -> str:
-    """The value noxfile.py takes where environment variable ``variable`` is unset
-    (its ``os.environ.get`` or ``_env_list`` default), e.g. LLTM_BUILD_TORCH: the
-    torch executorch is built for."""
-    text = (ROOT / "noxfile.py").read_text()
+    """The value the nox sessions take where environment variable ``variable`` is
+    unset (its ``os.environ.get`` or ``env_list`` default in tools/nox_matrix.py),
+    e.g. LLTM_BUILD_TORCH: the torch executorch is built for."""
+    text = (ROOT / "tools" / "nox_matrix.py").read_text()
     found = re.search(rf'\(\s*"{re.escape(variable)}",\s*"([^"]*)"\s*\)', text)
     if found is None:
-        raise AssertionError(f"noxfile.py gives {variable} no default")
+        raise AssertionError(f"tools/nox_matrix.py gives {variable} no default")
     return found.group(1)
