@@ -25,6 +25,8 @@
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_persistent.cuh"
 #include "lltm_cuda_persistent.h"
+#include "lltm_cuda_persistent_backward.cuh"
+#include "lltm_cuda_persistent_forward.cuh"
 #include "lltm_cuda_persistent_plan.h"
 #include "lltm_cuda_runtime.h"
 
@@ -245,20 +247,21 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
 std::optional<Steps> steps_of(const Schedule& schedule, int64_t rows) {
   constexpr int64_t kMax32 = 2147483647;
   Steps steps{};
-  steps.steps = schedule.steps();
-  steps.rows = rows;
-  if (steps.steps > kMax32) return std::nullopt;
-  for (int64_t t = 0; t < steps.steps; ++t) {
+  steps.step_count = schedule.steps();
+  steps.input_rows = rows;
+  if (steps.step_count > kMax32) return std::nullopt;
+  for (int64_t t = 0; t < steps.step_count; ++t) {
     const int64_t size = schedule.sizes[t];
     if (size > kMax32) return std::nullopt;
-    if (steps.runs > 0 && steps.sizes[steps.runs - 1] == size) {
-      ++steps.counts[steps.runs - 1];
+    const int32_t runs = steps.run_count;
+    if (runs > 0 && steps.run_batch_sizes[runs - 1] == size) {
+      ++steps.run_lengths[runs - 1];
       continue;
     }
-    if (steps.runs == kPersistentMaxRuns) return std::nullopt;
-    steps.sizes[steps.runs] = static_cast<int32_t>(size);
-    steps.counts[steps.runs] = 1;
-    ++steps.runs;
+    if (runs == kPersistentMaxRuns) return std::nullopt;
+    steps.run_batch_sizes[runs] = static_cast<int32_t>(size);
+    steps.run_lengths[runs] = 1;
+    ++steps.run_count;
   }
   return steps;
 }
@@ -311,15 +314,15 @@ bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Step
   args.c_n = c_n.mutable_data_ptr<T>();
   args.weights = weights.const_data_ptr<T>();
   args.weights_row_stride = weights.stride(0);
-  args.weights_col_stride = weights.stride(1);
+  args.weights_column_stride = weights.stride(1);
   args.h0 = h0.const_data_ptr<T>();
   args.c0 = c0.const_data_ptr<T>();
-  args.batch = n.batch;
-  args.state = n.state;
-  args.units = plan.units;
-  args.group_rows = plan.group_rows;
+  args.batch_size = n.batch;
+  args.state_size = n.state;
+  args.units_per_block = plan.units;
+  args.rows_per_group = plan.group_rows;
   args.pitch = plan.pitch;
-  args.split = plan.split;
+  args.dot_split = plan.split;
   args.layout = plan.layout;
   args.reverse = reverse;
   args.steps = steps;
@@ -336,14 +339,15 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
   BackwardArgs<T> args{};
   if (grad_output.has_value()) {
     args.grad_output = grad_output->const_data_ptr<T>();
-    if (n.packed) {  // (rows, S)
-      args.go_start = grad_output->stride(0);
-      args.go_row = grad_output->stride(0);
-      args.go_col = grad_output->stride(1);
+    persistent::GradOutputStrides& strides = args.grad_output_strides;
+    if (n.packed) {  // (input rows, S)
+      strides.by_input_row = grad_output->stride(0);
+      strides.by_row = grad_output->stride(0);
+      strides.by_unit = grad_output->stride(1);
     } else {  // (steps, batch, S)
-      args.go_step = grad_output->stride(0);
-      args.go_row = grad_output->stride(1);
-      args.go_col = grad_output->stride(2);
+      strides.by_time = grad_output->stride(0);
+      strides.by_row = grad_output->stride(1);
+      strides.by_unit = grad_output->stride(2);
     }
   }
   // The final states' gradients are small: read densely.
@@ -370,11 +374,11 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
   }
   args.weights = weights.const_data_ptr<T>();
   args.weights_row_stride = weights.stride(0);
-  args.weights_col_stride = weights.stride(1);
-  args.batch = n.batch;
-  args.state = n.state;
-  args.units = plan.units;
-  args.group_rows = plan.group_rows;
+  args.weights_column_stride = weights.stride(1);
+  args.batch_size = n.batch;
+  args.state_size = n.state;
+  args.units_per_block = plan.units;
+  args.rows_per_group = plan.group_rows;
   args.pitch = plan.pitch;
   args.layout = plan.layout;
   args.reverse = reverse;
