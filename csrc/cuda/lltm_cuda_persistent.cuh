@@ -25,7 +25,7 @@
 // shared memory, two buffers used in turn, so that no block writes the
 // buffer another still reads), then the cluster barrier; in cooperative mode
 // the grid barrier, after which every block reads the step's rows of
-// `output` back into its one buffer.
+// `output` (16-bit: a float32 copy) back into its one buffer. Dtypes: below.
 //
 // Backward, a step in the reverse of the forward's order: (1) load the next
 // step's inputs (what the forward saved, the output gradient read through
@@ -67,6 +67,30 @@
 #endif
 
 namespace lltm::cuda::persistent {
+
+// --- Dtypes -----------------------------------------------------------------------------
+
+// A kernel of dtype T keeps W_h in T and computes in acc_t<T>, its math type,
+// in which it also keeps the running state, the partial sums and the values
+// blocks exchange: T itself for float32 and float64, float32 for float16 and
+// bfloat16 (as cuDNN does), which are rounded only where written to global
+// memory.
+template <typename T>
+constexpr bool kWidened = sizeof(T) < sizeof(acc_t<T>);
+
+// kCount elements of the math type M from shared memory, 16 bytes a load
+// (float32: the 8 elements a 16-byte chunk of 16-bit W_h spans take two).
+template <int kCount, typename M>
+__device__ __forceinline__ void load_math_elements(const M* from, M (&to)[kCount]) {
+  constexpr int kPerLoad = 16 / sizeof(M);
+  static_assert(kCount % kPerLoad == 0, "whole 16-byte loads");
+#pragma unroll
+  for (int load = 0; load < kCount / kPerLoad; ++load) {
+    const Pack<M, kPerLoad> pack = load_pack<kPerLoad>(from + load * kPerLoad);
+#pragma unroll
+    for (int i = 0; i < kPerLoad; ++i) to[load * kPerLoad + i] = pack.v[i];
+  }
+}
 
 // --- The steps of a call ------------------------------------------------------------------
 

@@ -6,6 +6,12 @@
 // writes), send_h_gradient_shares (the matvec with W_h, each unit's share
 // sent to the block owning it), then the barrier and sum_h_gradient_shares
 // (the carried gradient of h).
+//
+// 16-bit dtypes: the inputs are widened to float32, in which the gradients
+// are carried, the gate gradients kept for the matvec and the shares sent;
+// d_gates, grad_h and grad_c are rounded as they are written, and grad_bias
+// is summed from the gate gradients before they are rounded (bias_sums), as
+// on the per-step path.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +34,7 @@ struct GradOutputStrides {
 
 template <typename T>
 struct BackwardArgs {
+  using Math = acc_t<T>;
   const T* grad_output;  // null: none
   GradOutputStrides grad_output_strides;
   const T* grad_h_n;  // dense (batch, S), or null: zero
@@ -39,7 +46,10 @@ struct BackwardArgs {
   T* grad_c;          // (batch, S): the gradient of old_cell
   // Cooperative mode: the blocks' shares of the gradient of h, (2, P,
   // batch, S) in global memory; cluster mode: null (shared memory).
-  T* shares;
+  Math* shares;
+  // 16-bit, when grad_bias is wanted: (batch, 3S), each batch row's gate
+  // gradients summed over the steps in float32; else null.
+  Math* bias_sums;
   const T* weights;
   int64_t weights_row_stride, weights_column_stride;
   int64_t batch_size, state_size, units_per_block, rows_per_group, pitch;
@@ -48,25 +58,28 @@ struct BackwardArgs {
   Steps steps;
 };
 
-// A backward block's shared memory (the plan's SharedLayout).
+// A backward block's shared memory (the plan's SharedLayout): W_h in T, the
+// rest in the math type M.
 template <typename T>
 struct BackwardShared {
+  using M = acc_t<T>;
   T* weight_slice;     // (3U, pitch): the block's rows of W_h
-  T* received_shares;  // cluster mode: (2, P, R, U), the shares the blocks sent this block
-  T* gate_grads;       // (R, 3U): the step's gate gradients of the block's pairs
-  T* carried_h;        // (R, U): the gradients of h and c the pairs carry to the step before
-  T* carried_c;        // (R, U)
+  M* received_shares;  // cluster mode: (2, P, R, U), the shares the blocks sent this block
+  M* gate_grads;       // (R, 3U): the step's gate gradients of the block's pairs
+  M* carried_h;        // (R, U): the gradients of h and c the pairs carry to the step before
+  M* carried_c;        // (R, U)
 };
 
 template <typename T>
 __device__ __forceinline__ BackwardShared<T> backward_shared(const SharedLayout& layout,
                                                              const BlockSlice& slice) {
-  T* memory = reinterpret_cast<T*>(dynamic_shared_memory());
+  using M = acc_t<T>;
+  unsigned char* memory = dynamic_shared_memory();
   BackwardShared<T> shared;
-  shared.weight_slice = memory + layout.weights;
-  shared.received_shares = memory + layout.exchange;
-  shared.gate_grads = memory + layout.scratch;
-  shared.carried_h = memory + layout.state;
+  shared.weight_slice = reinterpret_cast<T*>(memory + layout.weights);
+  shared.received_shares = reinterpret_cast<M*>(memory + layout.exchange);
+  shared.gate_grads = reinterpret_cast<M*>(memory + layout.scratch);
+  shared.carried_h = reinterpret_cast<M*>(memory + layout.state);
   shared.carried_c = shared.carried_h + slice.rows_per_group * slice.units_per_block;
   return shared;
 }
@@ -78,32 +91,35 @@ template <typename T>
 __device__ __forceinline__ void load_final_gradients(const BackwardArgs<T>& args,
                                                      const BackwardShared<T>& shared,
                                                      const BlockSlice& slice) {
+  using M = acc_t<T>;
   const int units = slice.units_per_block, rows = slice.rows_per_group;
-  for (int i = threadIdx.x; i < rows * 3 * units; i += blockDim.x) shared.gate_grads[i] = T(0);
+  for (int i = threadIdx.x; i < rows * 3 * units; i += blockDim.x) shared.gate_grads[i] = M(0);
   for (int pair = threadIdx.x; pair < rows * units; pair += blockDim.x) {
     const int row = pair / units;
     const int unit = pair - row * units;
     const bool present = row < slice.own_rows && unit < slice.own_units;
     const int64_t at = (slice.first_row + row) * slice.state_size + slice.first_unit + unit;
-    shared.carried_h[pair] = present && args.grad_h_n != nullptr ? args.grad_h_n[at] : T(0);
-    shared.carried_c[pair] = present && args.grad_c_n != nullptr ? args.grad_c_n[at] : T(0);
+    shared.carried_h[pair] = present && args.grad_h_n != nullptr ? M(args.grad_h_n[at]) : M(0);
+    shared.carried_c[pair] = present && args.grad_c_n != nullptr ? M(args.grad_c_n[at]) : M(0);
   }
 }
 
-// A thread's inputs of one step, for each of its pairs: what the forward
-// saved (the activated input and output gates, the candidate's
-// pre-activation, the new cell) and the output gradient.
-template <typename T>
+// A thread's inputs of one step, in the math type M, for each of its
+// pairs: what the forward saved (the activated input and output gates, the
+// candidate's pre-activation, the new cell) and the output gradient.
+template <typename M>
 struct BackwardStepInputs {
-  T input_gate[kPersistentPairs], output_gate[kPersistentPairs], candidate[kPersistentPairs];
-  T new_cell[kPersistentPairs], grad_output[kPersistentPairs];
+  M input_gate[kPersistentPairs], output_gate[kPersistentPairs], candidate[kPersistentPairs];
+  M new_cell[kPersistentPairs], grad_output[kPersistentPairs];
 };
 
 // The inputs of the pairs the step updates (the others are not read).
 template <typename T>
 __device__ __forceinline__ void load_step_inputs(const BackwardArgs<T>& args,
                                                  const BlockSlice& slice, const ThreadPairs& pairs,
-                                                 const Step& step, BackwardStepInputs<T>& inputs) {
+                                                 const Step& step,
+                                                 BackwardStepInputs<acc_t<T>>& inputs) {
+  using M = acc_t<T>;
   const int active = active_rows(step, slice);
   const int state_size = slice.state_size;
   const GradOutputStrides& strides = args.grad_output_strides;
@@ -120,22 +136,25 @@ __device__ __forceinline__ void load_step_inputs(const BackwardArgs<T>& args,
     inputs.new_cell[j] = args.cells[input_row * state_size + column];
     inputs.grad_output[j] =
         args.grad_output == nullptr
-            ? T(0)
-            : args.grad_output[step.first_input_row * strides.by_input_row +
-                               step.time * strides.by_time + batch_row * strides.by_row +
-                               column * strides.by_unit];
+            ? M(0)
+            : M(args.grad_output[step.first_input_row * strides.by_input_row +
+                                 step.time * strides.by_time + batch_row * strides.by_row +
+                                 column * strides.by_unit]);
   }
 }
 
 // The gate gradients of each active pair of the thread, from the gradients
-// it carries and the step's inputs: written to d_gates and kept in
-// gate_grads for the matvec; the gradient of c carried on.
+// it carries and the step's inputs: written to d_gates (rounded to T), kept
+// in gate_grads for the matvec and, for 16-bit dtypes, added to the pair's
+// `bias_sums` (registers); the gradient of c carried on.
 template <typename T>
 __device__ __forceinline__ void gate_gradients(const BackwardArgs<T>& args,
                                                const BackwardShared<T>& shared,
                                                const BlockSlice& slice, const ThreadPairs& pairs,
-                                               const BackwardStepInputs<T>& inputs,
-                                               const Step& step, int active) {
+                                               const BackwardStepInputs<acc_t<T>>& inputs,
+                                               const Step& step, int active,
+                                               acc_t<T> (&bias_sums)[kPersistentPairs][3]) {
+  using M = acc_t<T>;
   const int state_size = slice.state_size, units = slice.units_per_block;
 #pragma unroll
   for (int j = 0; j < kPersistentPairs; ++j) {
@@ -143,16 +162,21 @@ __device__ __forceinline__ void gate_gradients(const BackwardArgs<T>& args,
     const int row = pairs.row[j];
     const int unit = pairs.unit[j];
     const int pair = row * units + unit;
-    T d_input, d_output, d_candidate, d_cell;
-    backward_math<T>(shared.carried_h[pair] + inputs.grad_output[j], shared.carried_c[pair],
+    M d_input, d_output, d_candidate, d_cell;
+    backward_math<M>(shared.carried_h[pair] + inputs.grad_output[j], shared.carried_c[pair],
                      inputs.new_cell[j], inputs.input_gate[j], inputs.output_gate[j],
                      inputs.candidate[j], d_input, d_output, d_candidate, d_cell);
     const int64_t input_row = step.first_input_row + slice.first_row + row;
     T* d_gates = args.d_gates + input_row * 3 * state_size + slice.first_unit + unit;
-    d_gates[0] = d_input;
-    d_gates[state_size] = d_output;
-    d_gates[2 * state_size] = d_candidate;
-    T* own = shared.gate_grads + row * 3 * units + unit;
+    d_gates[0] = T(d_input);
+    d_gates[state_size] = T(d_output);
+    d_gates[2 * state_size] = T(d_candidate);
+    if constexpr (kWidened<T>) {
+      bias_sums[j][0] += d_input;
+      bias_sums[j][1] += d_output;
+      bias_sums[j][2] += d_candidate;
+    }
+    M* own = shared.gate_grads + row * 3 * units + unit;
     own[0] = d_input;
     own[units] = d_output;
     own[2 * units] = d_candidate;
@@ -188,7 +212,8 @@ __device__ __forceinline__ void send_h_gradient_shares(const BackwardArgs<T>& ar
                                                        const BackwardShared<T>& shared,
                                                        const BlockSlice& slice, unsigned block,
                                                        int active, int parity) {
-  constexpr int kChunk = 16 / sizeof(T);  // elements of a 16-byte chunk
+  using M = acc_t<T>;
+  constexpr int kChunk = 16 / sizeof(T);  // elements of a 16-byte chunk of W_h
   using Chunk = Pack<T, kChunk>;
   const int state_size = slice.state_size, units = slice.units_per_block;
   const int rows = slice.rows_per_group, pitch = slice.pitch;
@@ -203,14 +228,14 @@ __device__ __forceinline__ void send_h_gradient_shares(const BackwardArgs<T>& ar
       const int row = tile * kTileRows + r;
       grad_rows[r] = (row < rows ? row : rows - 1) * 3 * units;
     }
-    T sums[kTileRows][kChunk] = {};        // (tile row, unit of the chunk)
+    M sums[kTileRows][kChunk] = {};        // (tile row, unit of the chunk)
     for (int j = 0; j < 3 * units; ++j) {  // rows of units the block lacks are zero
       const Chunk w = load_pack<kChunk>(shared.weight_slice + j * pitch + chunk * kChunk);
 #pragma unroll
       for (int r = 0; r < kTileRows; ++r) {
-        const T d = shared.gate_grads[grad_rows[r] + j];
+        const M d = shared.gate_grads[grad_rows[r] + j];
 #pragma unroll
-        for (int v = 0; v < kChunk; ++v) sums[r][v] += d * w.v[v];
+        for (int v = 0; v < kChunk; ++v) sums[r][v] += d * M(w.v[v]);
       }
     }
 #pragma unroll
@@ -223,7 +248,7 @@ __device__ __forceinline__ void send_h_gradient_shares(const BackwardArgs<T>& ar
         if (unit >= state_size) continue;
         const int owner = unit / units;
         if constexpr (Exchange::kCluster) {
-          T* slot = shared.received_shares + received_share_offset(parity, gridDim.x, block, slice,
+          M* slot = shared.received_shares + received_share_offset(parity, gridDim.x, block, slice,
                                                                    row, unit - owner * units);
           *Exchange::peer(slot, static_cast<unsigned>(owner)) = sums[r][v];
         } else {
@@ -249,7 +274,7 @@ __device__ __forceinline__ void sum_h_gradient_shares(const BackwardArgs<T>& arg
     if (!pair_is_active(pairs, j, active, slice)) continue;
     const int row = pairs.row[j];
     const int unit = pairs.unit[j];
-    T sum = 0;
+    acc_t<T> sum = 0;
     for (unsigned sender = 0; sender < blocks; ++sender) {
       if constexpr (Exchange::kCluster) {
         sum +=
@@ -266,19 +291,31 @@ __device__ __forceinline__ void sum_h_gradient_shares(const BackwardArgs<T>& arg
 }
 
 // After the first step: the gradients of old_h (when wanted) and old_cell,
-// what the pairs carry.
+// what the pairs carry; and each pair's bias_sums, where wanted.
 template <typename T>
-__device__ __forceinline__ void store_initial_gradients(const BackwardArgs<T>& args,
-                                                        const BackwardShared<T>& shared,
-                                                        const BlockSlice& slice) {
+__device__ __forceinline__ void store_initial_gradients(
+    const BackwardArgs<T>& args, const BackwardShared<T>& shared, const BlockSlice& slice,
+    const ThreadPairs& pairs, const acc_t<T> (&bias_sums)[kPersistentPairs][3]) {
   const int units = slice.units_per_block;
   for (int pair = threadIdx.x; pair < slice.rows_per_group * units; pair += blockDim.x) {
     const int row = pair / units;
     const int unit = pair - row * units;
     if (row >= slice.own_rows || unit >= slice.own_units) continue;
     const int64_t at = (slice.first_row + row) * slice.state_size + slice.first_unit + unit;
-    if (args.grad_h != nullptr) args.grad_h[at] = shared.carried_h[pair];
-    args.grad_c[at] = shared.carried_c[pair];
+    if (args.grad_h != nullptr) args.grad_h[at] = T(shared.carried_h[pair]);
+    args.grad_c[at] = T(shared.carried_c[pair]);
+  }
+  if constexpr (kWidened<T>) {
+    if (args.bias_sums == nullptr) return;
+    const int state_size = slice.state_size;
+#pragma unroll
+    for (int j = 0; j < kPersistentPairs; ++j) {
+      if (pairs.row[j] >= slice.own_rows || pairs.unit[j] >= slice.own_units) continue;
+      acc_t<T>* sums = args.bias_sums + (slice.first_row + pairs.row[j]) * 3 * state_size +
+                       slice.first_unit + pairs.unit[j];
+#pragma unroll
+      for (int gate = 0; gate < 3; ++gate) sums[gate * state_size] = bias_sums[j][gate];
+    }
   }
 }
 
@@ -296,7 +333,9 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
 
   const int64_t step_count = args.steps.step_count;
   const bool ascending = args.reverse;  // the forward's steps, last first
-  BackwardStepInputs<T> inputs{}, next_inputs{};
+  using M = acc_t<T>;
+  BackwardStepInputs<M> inputs{}, next_inputs{};
+  M bias_sums[kPersistentPairs][3] = {};  // 16-bit: the pairs' gate gradients, summed
   Step step{};
   if (step_count > 0) {
     step = first_step(args.steps, ascending);
@@ -310,7 +349,7 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
       load_step_inputs(args, slice, pairs, next, next_inputs);
     }
     const int active = active_rows(step, slice);
-    gate_gradients(args, shared, slice, pairs, inputs, step, active);
+    gate_gradients(args, shared, slice, pairs, inputs, step, active, bias_sums);
     // The first step's matvec only gives the gradient of old_h.
     if (k == 0 && args.grad_h == nullptr) break;
     __syncthreads();
@@ -323,7 +362,7 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
     step = next;
     inputs = next_inputs;
   }
-  store_initial_gradients(args, shared, slice);
+  store_initial_gradients(args, shared, slice, pairs, bias_sums);
 }
 
 }  // namespace lltm::cuda::persistent
