@@ -194,6 +194,20 @@ def test_the_16_bit_per_step_path_where_disabled(monkeypatch):
         assert emulation.launches() - launches > 12
 
 
+def test_a_16_bit_launch_the_gpu_refuses_falls_back_to_the_per_step_path():
+    # As in float32: the plan counts on the device's 132 multiprocessors,
+    # other work holds all but 4, the GPU refuses the cooperative launch and
+    # the op runs the per-step path (after the forward's float32 projection
+    # was made for the persistent kernel), with no error.
+    args = forward_args(6, 7, 33, packed=False, reverse=True, dtype=torch.float16)
+    with emulated("cooperative") as emulation:
+        emulation.set_free_multiprocessors(4)
+        assert path(2, 7, 33).count("persistent, cooperative grid") == 2
+        launches = emulation.launches()
+        assert_matches_oracle_16_bit(args, "dense", "both", [True] * 5, looser=2.0)
+        assert emulation.launches() - launches > 12
+
+
 # --- The accuracy bound: nn.LSTM in the same dtype ------------------------------------------
 
 # (steps, batch, features, state): the GPU benchmarks' sizes, at their T = 50
