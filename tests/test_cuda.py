@@ -502,6 +502,25 @@ def test_persistent_float32_as_accurate_as_a_loop_in_float32(size):
     )
 
 
+@pytest.mark.parametrize("size", [*GPU_SIZES, (256, 256, 256)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_persistent_16_bit_under_autocast_no_less_accurate_than_cudnn(dtype, size):
+    # T = 50, as the bench: lltm inside torch.autocast, as users train, takes
+    # the persistent kernels in `dtype`; nn.LSTM (cuDNN) under the same
+    # autocast sets the bound, or in `dtype` itself where its autocast
+    # computes in another (cuDNN's casts to float16 in a bfloat16 region).
+    # tests/lstm_bound.py: how the two errors are normalised.
+    import lstm_bound
+
+    batch, _, state = size
+    path = _sequence_path(batch, state, dtype)
+    assert all(path[p].startswith("persistent") for p in ("forward", "backward")), path
+    ours = lstm_bound.lltm_errors((50, *size), dtype, "cuda")
+    theirs, computed_in = lstm_bound.lstm_errors((50, *size), dtype, "cuda", autocast=True)
+    assert computed_in == dtype
+    lstm_bound.assert_no_less_accurate(ours, theirs)
+
+
 @pytest.mark.parametrize("case", OP_CASES)
 def test_persistent_and_per_step_paths_agree(case, monkeypatch):
     args = _cuda_op_args(case)

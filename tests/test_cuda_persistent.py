@@ -13,9 +13,11 @@ fiber and block, cluster and grid barriers are real.
   the threads run in every schedule order the emulation has.
 * The plan rule (lltm_cuda_persistent_plan.h) as the plugin answers it:
   which mode, split and shared memory the GPU sizes get, and every way to the
-  per-step path (16-bit, LLTM_CUDA_PERSISTENT=0, a state too large, a GPU
-  without cooperative or cluster launches), and the fallback at run time when
-  the GPU refuses the launch (too few multiprocessors free).
+  per-step path (LLTM_CUDA_PERSISTENT=0, a state too large, a GPU without
+  cooperative or cluster launches), and the fallback at run time when the
+  GPU refuses the launch (too few multiprocessors free).
+
+The 16-bit kernels: tests/test_cuda_persistent_16_bit.py.
 * The barriers: dropping any kind the kernels use makes them wrong.
 
 Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
@@ -394,16 +396,24 @@ def test_without_non_portable_clusters_at_most_8_blocks():
 @pytest.mark.parametrize(
     ("setup", "element_size", "batch", "state", "why"),
     [
-        (lambda gpu: None, 2, 16, 128, "16-bit: the persistent kernels take float32 and float64"),
         (lambda gpu: None, 4, 0, 128, "nothing to run"),
+        (lambda gpu: None, 2, 0, 128, "nothing to run"),
         (lambda gpu: None, 4, 16, 4096, "no split fits on chip"),
+        (lambda gpu: None, 2, 16, 4096, "no split fits on chip"),
         (lambda gpu: None, 8, 16, 2048, "no split fits on chip"),
         (
             lambda gpu: (gpu.set_capability(8, 0), gpu.set_cooperative_launch(False)),
             4, 16, 128, "the device has neither cooperative nor cluster launches",
         ),
     ],
-    ids=["16-bit", "empty", "state too large", "float64 too large", "no cooperative launch"],
+    ids=[
+        "empty",
+        "16-bit empty",
+        "state too large",
+        "16-bit too large",
+        "float64 too large",
+        "no cooperative launch",
+    ],
 )  # fmt: skip
 def test_the_per_step_path_and_why(setup, element_size, batch, state, why):
     with emulated() as gpu:
@@ -430,13 +440,6 @@ def test_lltm_cuda_persistent_0_takes_the_per_step_path(monkeypatch):
     assert launches > 12  # a product and a pointwise kernel a step
     for got, want in zip(results, expected, strict=True):
         torch.testing.assert_close(got, want, **F64)
-
-
-def test_16_bit_keeps_the_per_step_path():
-    args = forward_args(6, 3, 5, packed=False, reverse=False, dtype=torch.bfloat16)
-    with emulated() as gpu:
-        launches, _ = _per_step_launches(args, gpu)
-    assert launches > 12
 
 
 @pytest.mark.parametrize(

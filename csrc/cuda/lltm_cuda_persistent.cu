@@ -5,6 +5,8 @@
 // launch the GPU refuses as too large (too few multiprocessors free, MPS)
 // returns false and the sequence op runs its per-step path instead.
 #include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +27,8 @@
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_persistent.cuh"
 #include "lltm_cuda_persistent.h"
+#include "lltm_cuda_persistent_backward.cuh"
+#include "lltm_cuda_persistent_forward.cuh"
 #include "lltm_cuda_persistent_plan.h"
 #include "lltm_cuda_runtime.h"
 
@@ -36,6 +40,8 @@ using persistent::ClusterExchange;
 using persistent::ForwardArgs;
 using persistent::GridExchange;
 using persistent::Steps;
+using torch::headeronly::BFloat16;
+using torch::headeronly::Half;
 
 template <typename T>
 using ForwardKernel = void (*)(ForwardArgs<T>);
@@ -198,7 +204,7 @@ class KernelOccupancy final : public Occupancy {
 // not free: a plan may ask it a few dozen times).
 // Whether the plan of such a call depends on the device at all.
 bool plan_reads_device(int element_size, int64_t batch, int64_t state) {
-  return persistent_enabled() && (element_size == 4 || element_size == 8) && batch > 0 && state > 0;
+  return persistent_enabled() && persistent_element_size(element_size) && batch > 0 && state > 0;
 }
 
 SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
@@ -227,9 +233,15 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
   if (element_size == 8) {
     plan = plan_sequence(pass, element_size, batch, state, limits,
                          KernelOccupancy<double>(device, limits));
-  } else {
+  } else if (element_size == 4) {
     plan = plan_sequence(pass, element_size, batch, state, limits,
                          KernelOccupancy<float>(device, limits));
+  } else {
+    // float16 and bfloat16 share a plan: their kernels have the same shared
+    // memory and launch bounds, and a plan needs one block a multiprocessor,
+    // which the launch bounds guarantee in registers.
+    plan = plan_sequence(pass, element_size, batch, state, limits,
+                         KernelOccupancy<BFloat16>(device, limits));
   }
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
@@ -245,20 +257,21 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
 std::optional<Steps> steps_of(const Schedule& schedule, int64_t rows) {
   constexpr int64_t kMax32 = 2147483647;
   Steps steps{};
-  steps.steps = schedule.steps();
-  steps.rows = rows;
-  if (steps.steps > kMax32) return std::nullopt;
-  for (int64_t t = 0; t < steps.steps; ++t) {
+  steps.step_count = schedule.steps();
+  steps.input_rows = rows;
+  if (steps.step_count > kMax32) return std::nullopt;
+  for (int64_t t = 0; t < steps.step_count; ++t) {
     const int64_t size = schedule.sizes[t];
     if (size > kMax32) return std::nullopt;
-    if (steps.runs > 0 && steps.sizes[steps.runs - 1] == size) {
-      ++steps.counts[steps.runs - 1];
+    const int32_t runs = steps.run_count;
+    if (runs > 0 && steps.run_batch_sizes[runs - 1] == size) {
+      ++steps.run_lengths[runs - 1];
       continue;
     }
-    if (steps.runs == kPersistentMaxRuns) return std::nullopt;
-    steps.sizes[steps.runs] = static_cast<int32_t>(size);
-    steps.counts[steps.runs] = 1;
-    ++steps.runs;
+    if (runs == kPersistentMaxRuns) return std::nullopt;
+    steps.run_batch_sizes[runs] = static_cast<int32_t>(size);
+    steps.run_lengths[runs] = 1;
+    ++steps.run_count;
   }
   return steps;
 }
@@ -302,24 +315,37 @@ bool launch(Kernel kernel, const SequencePlan& plan, const Args& args, int devic
 template <typename T>
 bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Steps& steps,
                     bool reverse, Tensor& gates, Tensor& output, Tensor& cells, Tensor& h_n,
-                    Tensor& c_n, const Tensor& weights, const Tensor& h0, const Tensor& c0) {
+                    Tensor& c_n, const Tensor& weights, const Tensor& h0, const Tensor& c0,
+                    const Tensor* projection) {
   ForwardArgs<T> args{};
   args.gates = gates.mutable_data_ptr<T>();
+  if constexpr (persistent::kWidened<T>) {
+    args.projection = projection->const_data_ptr<acc_t<T>>();
+  }
   args.output = output.mutable_data_ptr<T>();
   args.cells = cells.mutable_data_ptr<T>();
   args.h_n = h_n.mutable_data_ptr<T>();
   args.c_n = c_n.mutable_data_ptr<T>();
   args.weights = weights.const_data_ptr<T>();
   args.weights_row_stride = weights.stride(0);
-  args.weights_col_stride = weights.stride(1);
+  args.weights_column_stride = weights.stride(1);
   args.h0 = h0.const_data_ptr<T>();
   args.c0 = c0.const_data_ptr<T>();
-  args.batch = n.batch;
-  args.state = n.state;
-  args.units = plan.units;
-  args.group_rows = plan.group_rows;
+  // 16-bit, cooperative: h in float32 through global memory, two steps' worth
+  // (see the kernel); freed after the launch is queued, as `shares` below.
+  std::optional<Tensor> h_exchange;
+  if constexpr (persistent::kWidened<T>) {
+    if (plan.path == SequencePath::kCooperative) {
+      h_exchange = new_float_matrix(gates, 2 * n.batch, n.state);
+      args.h_exchange = h_exchange->mutable_data_ptr<acc_t<T>>();
+    }
+  }
+  args.batch_size = n.batch;
+  args.state_size = n.state;
+  args.units_per_block = plan.units;
+  args.rows_per_group = plan.group_rows;
   args.pitch = plan.pitch;
-  args.split = plan.split;
+  args.dot_split = plan.split;
   args.layout = plan.layout;
   args.reverse = reverse;
   args.steps = steps;
@@ -332,18 +358,21 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
                      bool reverse, const std::optional<Tensor>& grad_output,
                      const std::optional<Tensor>& grad_h_n, const std::optional<Tensor>& grad_c_n,
                      const Tensor& gates, const Tensor& cells, const Tensor& weights,
-                     Tensor& d_gates, Tensor* grad_h, Tensor& grad_c) {
+                     Tensor& d_gates, Tensor* grad_h, Tensor& grad_c,
+                     std::optional<Tensor>* bias_sums) {
+  using Math = acc_t<T>;
   BackwardArgs<T> args{};
   if (grad_output.has_value()) {
     args.grad_output = grad_output->const_data_ptr<T>();
-    if (n.packed) {  // (rows, S)
-      args.go_start = grad_output->stride(0);
-      args.go_row = grad_output->stride(0);
-      args.go_col = grad_output->stride(1);
+    persistent::GradOutputStrides& strides = args.grad_output_strides;
+    if (n.packed) {  // (input rows, S)
+      strides.by_input_row = grad_output->stride(0);
+      strides.by_row = grad_output->stride(0);
+      strides.by_unit = grad_output->stride(1);
     } else {  // (steps, batch, S)
-      args.go_step = grad_output->stride(0);
-      args.go_row = grad_output->stride(1);
-      args.go_col = grad_output->stride(2);
+      strides.by_time = grad_output->stride(0);
+      strides.by_row = grad_output->stride(1);
+      strides.by_unit = grad_output->stride(2);
     }
   }
   // The final states' gradients are small: read densely.
@@ -362,19 +391,27 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
   args.grad_h = grad_h != nullptr ? grad_h->mutable_data_ptr<T>() : nullptr;
   args.grad_c = grad_c.mutable_data_ptr<T>();
   // Cooperative: the blocks' shares of the gradient of h in global memory,
-  // two steps' worth (see the kernel).
+  // two steps' worth (see the kernel), in the math type.
   std::optional<Tensor> shares;
   if (plan.path == SequencePath::kCooperative) {
-    shares = new_matrix(gates, 2 * int64_t(plan.blocks) * n.batch, n.state);
-    args.shares = shares->mutable_data_ptr<T>();
+    const int64_t rows = 2 * int64_t(plan.blocks) * n.batch;
+    shares = persistent::kWidened<T> ? new_float_matrix(gates, rows, n.state)
+                                     : new_matrix(gates, rows, n.state);
+    args.shares = shares->mutable_data_ptr<Math>();
+  }
+  if constexpr (persistent::kWidened<T>) {
+    if (bias_sums != nullptr) {
+      *bias_sums = new_float_matrix(gates, n.batch, 3 * n.state);
+      args.bias_sums = (*bias_sums)->mutable_data_ptr<Math>();
+    }
   }
   args.weights = weights.const_data_ptr<T>();
   args.weights_row_stride = weights.stride(0);
-  args.weights_col_stride = weights.stride(1);
-  args.batch = n.batch;
-  args.state = n.state;
-  args.units = plan.units;
-  args.group_rows = plan.group_rows;
+  args.weights_column_stride = weights.stride(1);
+  args.batch_size = n.batch;
+  args.state_size = n.state;
+  args.units_per_block = plan.units;
+  args.rows_per_group = plan.group_rows;
   args.pitch = plan.pitch;
   args.layout = plan.layout;
   args.reverse = reverse;
@@ -396,11 +433,27 @@ int element_size_of(const Tensor& t) {
   }
 }
 
+// fn(T{}) for the tensor's dtype: float, double, Half or BFloat16.
+template <typename Fn>
+bool with_dtype(const Tensor& t, const Fn& fn) {
+  switch (t.scalar_type()) {
+    case torch::headeronly::ScalarType::Double:
+      return fn(double{});
+    case torch::headeronly::ScalarType::Half:
+      return fn(Half{});
+    case torch::headeronly::ScalarType::BFloat16:
+      return fn(BFloat16{});
+    default:
+      return fn(float{});
+  }
+}
+
 }  // namespace
 
 bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule, Tensor& gates,
                                  Tensor& output, Tensor& cells, Tensor& h_n, Tensor& c_n,
-                                 const Tensor& weights, const Tensor& h0, const Tensor& c0) {
+                                 const Tensor& weights, const Tensor& h0, const Tensor& c0,
+                                 const Tensor* projection) {
   const int element_size = element_size_of(gates);
   const int device = gates.get_device_index();
   const SequencePlan plan =
@@ -408,12 +461,18 @@ bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedul
   if (!plan.persistent()) return false;
   const std::optional<Steps> steps = steps_of(schedule, n.rows);
   if (!steps) return false;
-  if (element_size == 8) {
-    return forward_launch<double>(plan, n, *steps, schedule.reverse, gates, output, cells, h_n, c_n,
-                                  weights, h0, c0);
-  }
-  return forward_launch<float>(plan, n, *steps, schedule.reverse, gates, output, cells, h_n, c_n,
-                               weights, h0, c0);
+  return with_dtype(gates, [&](auto type) {
+    return forward_launch<decltype(type)>(plan, n, *steps, schedule.reverse, gates, output, cells,
+                                          h_n, c_n, weights, h0, c0, projection);
+  });
+}
+
+bool persistent_sequence_forward_planned(const SequenceSizes& n, const Schedule& schedule,
+                                         const Tensor& like) {
+  return plan_for(SequencePass::kForward, like.get_device_index(), element_size_of(like), n.batch,
+                  n.state)
+             .persistent() &&
+         steps_of(schedule, n.rows).has_value();
 }
 
 bool persistent_sequence_backward(const SequenceSizes& n, const Schedule& schedule,
@@ -421,7 +480,8 @@ bool persistent_sequence_backward(const SequenceSizes& n, const Schedule& schedu
                                   const std::optional<Tensor>& grad_h_n,
                                   const std::optional<Tensor>& grad_c_n, const Tensor& gates,
                                   const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                                  Tensor* grad_h, Tensor& grad_c) {
+                                  Tensor* grad_h, Tensor& grad_c,
+                                  std::optional<Tensor>* bias_sums) {
   const int element_size = element_size_of(gates);
   const int device = gates.get_device_index();
   const SequencePlan plan =
@@ -429,12 +489,11 @@ bool persistent_sequence_backward(const SequenceSizes& n, const Schedule& schedu
   if (!plan.persistent()) return false;
   const std::optional<Steps> steps = steps_of(schedule, n.rows);
   if (!steps) return false;
-  if (element_size == 8) {
-    return backward_launch<double>(plan, n, *steps, schedule.reverse, grad_output, grad_h_n,
-                                   grad_c_n, gates, cells, weights, d_gates, grad_h, grad_c);
-  }
-  return backward_launch<float>(plan, n, *steps, schedule.reverse, grad_output, grad_h_n, grad_c_n,
-                                gates, cells, weights, d_gates, grad_h, grad_c);
+  return with_dtype(gates, [&](auto type) {
+    return backward_launch<decltype(type)>(plan, n, *steps, schedule.reverse, grad_output, grad_h_n,
+                                           grad_c_n, gates, cells, weights, d_gates, grad_h, grad_c,
+                                           bias_sums);
+  });
 }
 
 std::string sequence_path(int device, int element_size, int64_t batch, int64_t state) {

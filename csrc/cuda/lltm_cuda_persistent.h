@@ -14,24 +14,37 @@ namespace lltm::cuda {
 
 using torch::stable::Tensor;
 
-// The recurrence of sequence_forward in one launch, float32 and float64:
-// `gates` holds every step's input projection and bias on entry and what
-// the per-step path leaves there on return; output, cells, h_n, c_n are
-// written. False, with nothing written, where the plan takes the per-step
-// path or the GPU refuses the launch as too large (busy, MPS): the caller
-// then runs the per-step path. h0 and c0 are dense.
+// The recurrence of sequence_forward in one launch, in float32, float64,
+// float16 and bfloat16 (the last two computed in float32): output, cells,
+// h_n, c_n are written, and `gates` as the per-step path leaves it. Every
+// step's input projection and bias: float32 and float64, in `gates` on
+// entry; 16-bit, in `projection`, float32 (rows, 3S). False, with nothing
+// written, where the plan takes the per-step path or the GPU refuses the
+// launch as too large (busy, MPS): the caller then runs the per-step path.
+// h0 and c0 are dense.
 bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule, Tensor& gates,
                                  Tensor& output, Tensor& cells, Tensor& h_n, Tensor& c_n,
-                                 const Tensor& weights, const Tensor& h0, const Tensor& c0);
+                                 const Tensor& weights, const Tensor& h0, const Tensor& c0,
+                                 const Tensor* projection = nullptr);
+
+// Whether the plan takes such a call's forward to the persistent kernel (the
+// GPU may still refuse the launch): 16-bit calls compute its float32
+// projection only then.
+bool persistent_sequence_forward_planned(const SequenceSizes& n, const Schedule& schedule,
+                                         const Tensor& like);
 
 // Backpropagation through time in one launch: d_gates of every step, the
 // gradient of old_cell into grad_c and, when grad_h is given, of old_h. The
-// same contract as the forward's. gates and cells are dense.
+// same contract as the forward's. gates and cells are dense. `bias_sums`,
+// given where grad_bias is wanted: for 16-bit dtypes set to a float32
+// (batch, 3S) matrix, each row's gate gradients summed over the steps before
+// they are rounded (grad_bias is its column sums, rounded once); left empty
+// for float32 and float64, whose grad_bias is the column sums of d_gates.
 bool persistent_sequence_backward(const SequenceSizes& n, const Schedule& schedule,
                                   const std::optional<Tensor>& grad_output,
                                   const std::optional<Tensor>& grad_h_n,
                                   const std::optional<Tensor>& grad_c_n, const Tensor& gates,
                                   const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                                  Tensor* grad_h, Tensor& grad_c);
+                                  Tensor* grad_h, Tensor& grad_c, std::optional<Tensor>* bias_sums);
 
 }  // namespace lltm::cuda

@@ -15,8 +15,15 @@
 // global memory). The backward runs the same way, the gradient of h reduced
 // across the P blocks.
 //
-// Plain C++ (no CUDA types): lltm_cuda_library_exports.cpp, compiled by the host compiler, and
-// the tests' emulated GPU see the same rule.
+// Dtypes: float32 and float64 compute in their own precision; float16 and
+// bfloat16 keep W_h in 16 bits in shared memory (half the bytes of float32:
+// slices twice as large fit, so sizes whose W_h does not fit on chip in
+// float32 may in 16 bits) and everything else of a block, the running state,
+// the exchanged h and the partial sums, in float32, the arithmetic's
+// precision. The layout is therefore in bytes, by element size.
+//
+// Plain C++ (no CUDA types): lltm_cuda_library_exports.cpp, compiled by the
+// host compiler, and the tests' emulated GPU see the same rule.
 #pragma once
 
 #include <algorithm>
@@ -66,16 +73,18 @@ class Occupancy {
                               int threads, int64_t shared_bytes) const = 0;
 };
 
-// Where each array lives in a block's shared memory: offsets in elements, each
-// a multiple of a 16-byte vector. Forward: `weights` (3U rows of W_h, `pitch`
-// apart), `exchange` (the running h of the group's rows, S wide, `pitch`
-// apart: two buffers in cluster mode, one in cooperative), `scratch` (the
-// product's partial sums, split x rows x 3U), `state` (the running cell and h
-// of the block's pairs, 2 x rows x U). Backward: `weights` (the same rows),
-// `exchange` (cluster mode: the partial gradients of h the P blocks send, 2
-// x P x rows x U; cooperative: none, they go through global memory),
-// `scratch` (the step's gate gradients of the block's units, rows x 3U),
-// `state` (the carried gradients of h and c, 2 x rows x U).
+// Where each array lives in a block's shared memory: offsets in bytes, each
+// a multiple of 16. `weights` holds elements of the tensors' dtype, every
+// other array elements of the math type (math_element_size). Forward:
+// `weights` (3U rows of W_h, `pitch` apart), `exchange` (the running h of the
+// group's rows, S wide, `pitch` apart: two buffers in cluster mode, one in
+// cooperative), `scratch` (the product's partial sums, split x rows x 3U),
+// `state` (the running cell and h of the block's pairs, 2 x rows x U).
+// Backward: `weights` (the same rows), `exchange` (cluster mode: the partial
+// gradients of h the P blocks send, 2 x P x rows x U; cooperative: none,
+// they go through global memory), `scratch` (the step's gate gradients of
+// the block's units, rows x 3U), `state` (the carried gradients of h and c,
+// 2 x rows x U).
 struct SharedLayout {
   int64_t weights = 0, exchange = 0, scratch = 0, state = 0, total = 0;
 };
@@ -90,7 +99,7 @@ struct SequencePlan {
   int split = 1;           // forward: threads sharing one dot product (split along S)
   int tile_rows = 1;       // batch rows of a thread's tile in the products: 1 or 4
   int64_t pitch = 0;       // elements between rows of W_h (and of h) in shared memory
-  SharedLayout layout;     // elements
+  SharedLayout layout;     // bytes
   int64_t shared_bytes = 0;
   std::string reason;  // per-step: why
 
@@ -102,9 +111,17 @@ inline int64_t plan_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Elements of a 16-byte vector.
 inline int64_t vector_elements(int element_size) { return 16 / element_size; }
 
+// Bytes of the type the kernels compute in: float32 for 16-bit dtypes.
+inline int math_element_size(int element_size) { return std::max(element_size, 4); }
+
+inline bool persistent_element_size(int element_size) {
+  return element_size == 2 || element_size == 4 || element_size == 8;
+}
+
 // Rows of W_h in shared memory are read 16 bytes at a time by threads of
 // consecutive units: a pitch of an odd number of 16-byte chunks puts eight
 // consecutive rows on eight different groups of four banks (no conflict).
+// Rows of h have the same pitch in elements (of the math type).
 inline int64_t shared_pitch(int64_t state, int element_size) {
   const int64_t v = vector_elements(element_size);
   return v * (plan_ceil_div(state, v) | 1);
@@ -113,24 +130,27 @@ inline int64_t shared_pitch(int64_t state, int element_size) {
 inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int element_size,
                                   int64_t state, int blocks, int64_t units, int64_t rows,
                                   int split) {
-  const int64_t v = vector_elements(element_size);
-  const auto rounded = [v](int64_t n) { return plan_ceil_div(n, v) * v; };
+  const int64_t math = math_element_size(element_size);
+  // Bytes of `elements` math elements, rounded up to 16.
+  const auto math_bytes = [math](int64_t elements) {
+    return plan_ceil_div(elements * math, 16) * 16;
+  };
   const int64_t pitch = shared_pitch(state, element_size);
   const bool cluster = path == SequencePath::kCluster;
   SharedLayout l;
   l.weights = 0;
-  l.exchange = 3 * units * pitch;
+  l.exchange = 3 * units * pitch * element_size;
   int64_t exchange = 0, scratch = 0;
   if (pass == SequencePass::kForward) {
-    exchange = (cluster ? 2 : 1) * rows * pitch;
-    scratch = rounded(int64_t(split) * rows * 3 * units);
+    exchange = math_bytes((cluster ? 2 : 1) * rows * pitch);
+    scratch = math_bytes(int64_t(split) * rows * 3 * units);
   } else {
-    exchange = cluster ? rounded(2 * int64_t(blocks) * rows * units) : 0;
-    scratch = rounded(rows * 3 * units);
+    exchange = cluster ? math_bytes(2 * int64_t(blocks) * rows * units) : 0;
+    scratch = math_bytes(rows * 3 * units);
   }
   l.scratch = l.exchange + exchange;
   l.state = l.scratch + scratch;
-  l.total = l.state + rounded(2 * rows * units);
+  l.total = l.state + math_bytes(2 * rows * units);
   return l;
 }
 
@@ -184,7 +204,7 @@ inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_si
   for (;;) {
     p.layout =
         shared_layout(pass, path, element_size, state, p.blocks, p.units, group_rows, p.split);
-    p.shared_bytes = p.layout.total * element_size;
+    p.shared_bytes = p.layout.total;
     if (p.shared_bytes <= shared_limit || p.split == 1) break;
     p.split /= 2;
   }
@@ -251,8 +271,8 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
     none.reason = "LLTM_CUDA_PERSISTENT=0";
     return none;
   }
-  if (element_size != 4 && element_size != 8) {
-    none.reason = "16-bit: the persistent kernels take float32 and float64";
+  if (!persistent_element_size(element_size)) {
+    none.reason = "elements of " + std::to_string(element_size) + " bytes";
     return none;
   }
   if (batch <= 0 || state <= 0) {

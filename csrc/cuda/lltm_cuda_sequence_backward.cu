@@ -105,11 +105,18 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
   ThroughTime result{d_gates, as_rows(d_gates, n, 3 * S), new_matrix(input, n.batch, S),
                      new_matrix(input, n.batch, S), std::nullopt};
   // The persistent kernel reads grad_output through its strides (a
-  // broadcast one, from output.sum(), is never expanded).
+  // broadcast one, from output.sum(), is never expanded). 16-bit: grad_bias
+  // from its float32 sums, rounded once.
+  std::optional<Tensor> persistent_bias_sums;
   if (persistent_sequence_backward(n, schedule, grad_output, grad_h_n, grad_c_n, gates_rows,
                                    cells_rows, weights, d_gates,
-                                   want_old_h ? &result.grad_h : nullptr, result.grad_c)) {
-    if (want_bias) result.grad_bias = column_sums(result.d_gate_rows);
+                                   want_old_h ? &result.grad_h : nullptr, result.grad_c,
+                                   want_bias ? &persistent_bias_sums : nullptr)) {
+    if (want_bias) {
+      result.grad_bias = persistent_bias_sums
+                             ? rounded_like(column_sums(*persistent_bias_sums), input)
+                             : column_sums(result.d_gate_rows);
+    }
     return result;
   }
   std::optional<Tensor> grad_output_rows;

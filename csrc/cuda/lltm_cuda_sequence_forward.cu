@@ -4,8 +4,10 @@
 // persistent launch where the plan allows (lltm_cuda_persistent.cuh), else
 // step by step: gates_t += h_prev @ W_h^T (lltm_cuda_recurrent.cuh: lltm's
 // own kernel at small sizes, else cuBLAS) and the cell's fused pointwise
-// kernel, writing output_t and cells_t. (16-bit: one GEMM per step over
-// [h_prev, x_t], as in the cell.) See lltm_cuda_sequence.cuh.
+// kernel, writing output_t and cells_t. (16-bit: the persistent kernel
+// takes the input projection in float32; the per-step path runs one GEMM
+// per step over [h_prev, x_t], as the cell does.) See
+// lltm_cuda_sequence.cuh.
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -31,6 +33,30 @@
 
 namespace lltm::cuda {
 namespace {
+
+// 16-bit, for the persistent kernel: every step's input projection and bias
+// in float32, from x and W_x widened to float32 (their products are exact
+// there) by one float32 GEMM. Rounded to 16 bits, the projection would put
+// a rounding error into every step's pre-activations, which LLTM's cell, with
+// no forget gate, adds up over the steps (the per-step path rounds each
+// step's pre-activations once, as the cell does).
+Tensor float_projection(const Tensor& x, const Tensor& weights, const std::optional<Tensor>& bias,
+                        const SequenceSizes& n) {
+  const int64_t S = n.state;
+  Tensor projection = new_float_matrix(x, n.rows, 3 * S);
+  if (n.rows == 0) return projection;
+  Tensor x_float = new_float_matrix(x, n.rows, n.features);
+  copy_into(x_float, x);
+  Tensor w_x_float = new_float_matrix(weights, 3 * S, n.features);
+  copy_into(w_x_float, column_block(weights, S, n.features, false));
+  std::optional<Tensor> bias_float;
+  if (bias.has_value()) {
+    bias_float = as_vector(new_float_matrix(*bias, 1, 3 * S));
+    copy_into(*bias_float, *bias);
+  }
+  linear_out(projection, bias_float, x_float, transposed(w_x_float));
+  return projection;
+}
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
@@ -64,6 +90,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
   // for lltm's own kernel at small sizes (lltm_cuda_recurrent.cuh).
   Tensor w_h_rows = w_h_transposed;
   if (one_gemm_per_step) {
+    if (persistent_sequence_forward_planned(n, schedule, input)) {
+      const Tensor projection = float_projection(x, weights, bias, n);
+      if (persistent_sequence_forward(n, schedule, gates, output, cells, h_n, c_n, weights, h0, c0,
+                                      &projection)) {
+        return {output, h_n, c_n, gates, cells};
+      }
+    }
     step_input = new_matrix(input, n.batch, S + n.features);
   } else {
     if (n.rows > 0 && S > 0) {
