@@ -22,6 +22,7 @@ Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable
 from types import ModuleType
 
@@ -61,24 +62,36 @@ def counted(gpu: ModuleType, call: Callable[[], object]) -> collections.Counter[
     )
 
 
-def work(gpu: ModuleType, steps: int, packed: bool, bidirectional: bool, initial_state: bool):
-    """(forward's calls, backward's calls) of one training step of T = steps."""
+def work(
+    gpu: ModuleType,
+    steps: int,
+    packed: bool,
+    bidirectional: bool,
+    initial_state: bool,
+    autocast: torch.dtype | None = None,
+):
+    """(forward's calls, backward's calls) of one training step of T = steps:
+    in float64, or with ``autocast``, a float32 model and its loss under
+    ``torch.autocast`` in that dtype (the sequence op in 16 bits), as GPU
+    users train."""
     torch.manual_seed(0)
-    model = lltm.LLTMSequence(FEATURES, STATE, bidirectional=bidirectional).double()
-    x = torch.randn(steps, BATCH, FEATURES, dtype=torch.float64)
+    dtype = torch.float64 if autocast is None else torch.float32
+    model = lltm.LLTMSequence(FEATURES, STATE, bidirectional=bidirectional).to(dtype)
+    x = torch.randn(steps, BATCH, FEATURES, dtype=dtype)
     directions = 2 if bidirectional else 1
     hx = None
     if initial_state:
         hx = tuple(
-            torch.randn(directions, BATCH, STATE, dtype=torch.float64, requires_grad=True)
-            for _ in range(2)
+            torch.randn(directions, BATCH, STATE, dtype=dtype, requires_grad=True) for _ in range(2)
         )
     sequence = pack_padded_sequence(x, lengths(steps)) if packed else x
     outputs: list = []
-    forward = counted(gpu, lambda: outputs.append(model(sequence, hx)))
-    output, (h_n, c_n) = outputs[0]
-    data = output.data if packed else output
-    loss = data.sum() + h_n.sum() + c_n.sum()
+    region = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+    with region:
+        forward = counted(gpu, lambda: outputs.append(model(sequence, hx)))
+        output, (h_n, c_n) = outputs[0]
+        data = output.data if packed else output
+        loss = data.float().sum() + h_n.float().sum() + c_n.float().sum()
     backward = counted(gpu, loss.backward)
     return forward, backward
 
@@ -106,6 +119,19 @@ def test_a_step_makes_as_many_device_calls_at_t5_as_at_t50(packed, bidirectional
     # nothing for a padded one (its weights' gradient reads views).
     assert backward["LLTM_LAUNCH"] == (directions if packed else 0), dict(backward)
     assert "aten::copy_" not in backward, dict(backward)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_under_autocast_a_step_makes_as_many_device_calls_at_t5_as_at_t50(packed, dtype):
+    # The 16-bit persistent kernels, as autocast gives the op 16-bit tensors.
+    with cuda_host.routed() as gpu:
+        assert path(2, BATCH, STATE).count("persistent, clusters") == 2
+        short = work(gpu, 5, packed, bidirectional=False, initial_state=True, autocast=dtype)
+        long = work(gpu, 50, packed, bidirectional=False, initial_state=True, autocast=dtype)
+    for name, at_5, at_50 in zip(("forward", "backward"), short, long, strict=True):
+        assert at_5 == at_50, f"{name}: T=5 {dict(at_5)}, T=50 {dict(at_50)}"
+        assert at_5["cudaLaunchKernelEx"] == 1, f"{name}: {dict(at_5)}"
 
 
 def test_the_per_step_path_makes_calls_a_step(monkeypatch):
