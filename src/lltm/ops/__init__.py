@@ -4,7 +4,7 @@ The compiled library declares five operators (csrc/lltm_ops.cpp) and
 registers their CPU kernels; the CUDA plugin adds CUDA kernels. This package
 registers everything else with the ``torch.library`` API, from one table:
 each operator's entry, in its family's package, names what Python registers
-for it, and :func:`register` registers every entry here, once.
+for it, and every entry is registered here, once (registration.py).
 
 ==================  ============================================================
 cell_ops/           the cell's operators, ``forward`` and ``backward``: contracts,
