@@ -5,7 +5,7 @@
 //
 // Steps run on a running state: step t updates its first batch_sizes[t] rows,
 // the others keep theirs, which is what a PackedSequence needs in both
-// directions (sequence_forward's contract: src/lltm/ops/library.py). In float
+// directions (sequence_forward's contract: src/lltm/ops/sequence_ops/contract.py). In float
 // and double the steps are the fused kernels of lltm_cpu_recurrence.h, where
 // they exist (GCC and Clang builds): the weights packed once per call, each
 // step one pass of register tiles that computes its pre-activations (input
