@@ -77,13 +77,9 @@ _transforms_active = _probe(
 )
 
 
-def _assume_active() -> bool:
-    return True
-
-
 # Read on every call of an entry point: torch's own function where it is there
 # (no Python frame around it), like the three below.
-functorch_transforms_active: Callable[[], bool] = _transforms_active or _assume_active
+functorch_transforms_active: Callable[[], bool] = _transforms_active or (lambda: True)
 """Whether a torch.func transform (grad, vmap, jvp, ...) is running."""
 
 
