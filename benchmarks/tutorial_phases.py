@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 import lltm
-from lltm.ops.autograd import CellFunction
+from lltm.ops.cell_ops.autograd import CellFunction
 from lltm.reference import LLTM as Reference
 
 PHASES = ("forward", "loss", "backward", "step")

@@ -4,9 +4,9 @@
 // Each check runs before any kernel and raises an argument error
 // (lltm_errors.h: a ValueError in Python) with a short message naming the
 // offending argument and what was expected.
-// src/lltm/_checks.py makes the same checks with the same messages for the
-// fake kernels (src/lltm/ops/fake.py) and the composite kernel, so eager,
-// torch.compile and fallback runs fail alike.
+// src/lltm/ops/checks.py and src/lltm/ops/cell_ops/contract.py make the same
+// checks with the same messages for the fake kernels and the composite
+// kernels, so eager, torch.compile and fallback runs fail alike.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

@@ -4,8 +4,9 @@
 // schemas with STABLE_TORCH_LIBRARY_IMPL; Python (src/lltm/ops/) adds the
 // autograd, fake (meta), vmap and autocast kernels through torch.library.
 // Each operator's contract (arguments, layouts, what it returns) is the
-// docstring of its handle in src/lltm/ops/library.py, which the API reference
-// of the documentation renders together with the schema declared here.
+// docstring of its handle in its family's contract.py (src/lltm/ops/cell_ops/,
+// src/lltm/ops/sequence_ops/), which the API reference of the documentation
+// renders together with the schema declared here.
 #include <torch/csrc/stable/library.h>
 
 // The namespace of the schemas: lltm. The test-only host build of the CUDA

@@ -1,8 +1,8 @@
 // Argument validation of the sequence operators, shared by every backend:
 // the layout of input (3-D, or packed 2-D with batch_sizes), the states and
 // the gradients, and the values of batch_sizes. Messages as in
-// lltm_checks.h; src/lltm/_checks.py makes the same checks for the fake
-// kernels.
+// lltm_checks.h; src/lltm/ops/sequence_ops/contract.py makes the same checks
+// for the fake and composite kernels.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

@@ -5,7 +5,7 @@
   direction: what lltm::sequence_forward computes, written without any of its
   code, and differentiated by autograd.
 * :class:`CompositeCell` / :class:`CompositeSequence`: the composite kernels
-  (src/lltm/_composite.py) behind the same autograd formula as the native
+  (src/lltm/ops/*_ops/composite.py) behind the same autograd formula as the native
   ones, so that a test can hold the fallback path to the reference too.
 * :data:`CELL_ENTRY_POINTS`: the ways a user reaches the cell (the Python API,
   the registered operator, the composite kernels), by name.
@@ -20,7 +20,9 @@ import torch
 from torch import Tensor
 
 import lltm
-from lltm import _composite, reference
+from lltm import reference
+from lltm.ops.cell_ops import composite as cell_composite
+from lltm.ops.sequence_ops import composite as sequence_composite
 
 ALL = [True] * 5
 
@@ -78,14 +80,14 @@ class CompositeCell(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, *inputs: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        new_h, new_cell, gates = _composite.forward(*inputs)
+        new_h, new_cell, gates = cell_composite.forward(*inputs)
         ctx.save_for_backward(*inputs, new_cell, gates)
         return new_h, new_cell
 
     @staticmethod
     def backward(ctx: Any, grad_h: Tensor, grad_cell: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         input, weights, _bias, old_h, _old_cell, new_cell, gates = ctx.saved_tensors
-        return _composite.backward(
+        return cell_composite.backward(
             grad_h, grad_cell, new_cell, gates, input, old_h, weights, list(ctx.needs_input_grad)
         )
 
@@ -104,7 +106,7 @@ class CompositeSequence(torch.autograd.Function):
         batch_sizes: Tensor | None,
         reverse: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        output, h_n, c_n, gates, cells = _composite.sequence_forward(
+        output, h_n, c_n, gates, cells = sequence_composite.sequence_forward(
             input, weights, bias, old_h, old_cell, batch_sizes, reverse
         )
         ctx.save_for_backward(input, weights, old_h, batch_sizes, output, gates, cells)
@@ -116,7 +118,7 @@ class CompositeSequence(torch.autograd.Function):
         ctx: Any, grad_output: Tensor, grad_h_n: Tensor, grad_c_n: Tensor
     ) -> tuple[Tensor | None, ...]:
         input, weights, old_h, batch_sizes, output, gates, cells = ctx.saved_tensors
-        grads = _composite.sequence_backward(
+        grads = sequence_composite.sequence_backward(
             grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h,
             batch_sizes, ctx.reverse, list(ctx.needs_input_grad[:5]),
         )  # fmt: skip

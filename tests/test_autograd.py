@@ -106,7 +106,7 @@ def test_create_graph_matches_reference():
 
 # --- create_graph=True against the native backward ---------------------------------
 # With create_graph=True the gradients must be differentiable: backward then
-# recomputes the step in plain torch (lltm/_composite.py) instead of calling
+# recomputes the step in plain torch (the families' composite.py, lltm/ops) instead of calling
 # lltm::backward. The tests above compare the second derivatives with the
 # reference's. Here the first-order gradients of that path are held to the
 # native kernel, for every subset of inputs that require grad and both entry

@@ -19,7 +19,8 @@ import torch
 from conftest import TORCH, make_inputs, run_cell
 
 import lltm
-from lltm import _backends, _composite, reference
+from lltm import _backends, reference
+from lltm.ops.cell_ops import composite as cell_composite
 
 CUDA_READY, CUDA_WHY = _backends.cuda_status()
 pytestmark = [
@@ -264,7 +265,7 @@ def test_very_wide_state_backward():
     # of its 3 * 2**40 elements.
     cuda_weights = torch.zeros(1, 1, device="cuda").expand(weights.shape)
     grads = torch.ops.lltm.backward(*args, cuda_weights, [False] * 4 + [True])
-    expected = _composite.backward(
+    expected = cell_composite.backward(
         grad_h, grad_cell, new_cell, gates, torch.zeros(1, 3), torch.zeros(1, state), weights,
         [False] * 4 + [True],
     )  # fmt: skip

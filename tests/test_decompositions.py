@@ -1,4 +1,4 @@
-"""lltm's operators lowered to core ATen (src/lltm/ops/decompositions.py):
+"""lltm's operators lowered to core ATen (the families' lowering.py, src/lltm/ops):
 ``ExportedProgram.run_decompositions()`` and every consumer that lowers with
 torch.export's default table (the ONNX exporter, ExecuTorch) get plain core
 ATen ops with eager's results, while the exported program itself,
@@ -15,6 +15,8 @@ from torch.export import Dim
 
 import lltm
 from lltm.ops import decompositions
+from lltm.ops.cell_ops import composite as cell_composite
+from lltm.ops.sequence_ops import lowering as sequence_lowering
 
 FLOAT32 = {"rtol": 1e-5, "atol": 1e-5}
 FORWARD_OPS = (torch.ops.lltm.forward.default, torch.ops.lltm.sequence_forward.default)
@@ -246,7 +248,7 @@ def test_a_table_entry_of_ones_own_is_applied():
 
     def cell(*args):
         calls.append(len(args))
-        return lltm._composite.forward(*args)
+        return cell_composite.forward(*args)
 
     model, program = _export("cell", False)
     lowered = program.run_decompositions({torch.ops.lltm.forward.default: cell})
@@ -281,4 +283,4 @@ def test_a_packed_operator_call_cannot_be_lowered():
     data, sizes = torch.randn(6, 4), torch.tensor([3, 2, 1])
     weights, bias, h, c = torch.randn(18, 10), torch.randn(18), torch.randn(3, 6), torch.randn(3, 6)
     with pytest.raises(ValueError, match=r"lltm: a packed sequence .* cannot be lowered"):
-        decompositions.sequence(data, weights, bias, h, c, sizes, False)
+        sequence_lowering.sequence_forward(data, weights, bias, h, c, sizes, False)

@@ -21,8 +21,8 @@ from conftest import ALL_GRADS, TORCH, kernel_text, make_inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lltm
-from lltm import _composite, _errors
-from lltm.ops import library
+from lltm import _errors
+from lltm.ops.cell_ops import composite as cell_composite
 
 B, F, S = 2, 3, 4
 
@@ -144,7 +144,7 @@ def test_forward_errors(case, call):
     fn = {
         "functional": lltm.lltm_cell,
         "op": torch.ops.lltm.forward,
-        "composite": _composite.forward,
+        "composite": cell_composite.forward,
     }[call]
     with pytest.raises(ValueError) as info:
         fn(*args)
@@ -302,7 +302,7 @@ BACKWARD_CASES = {
 @pytest.mark.parametrize("call", ["op", "composite"])
 def test_backward_errors(case, call):
     args, pattern = BACKWARD_CASES[case]
-    fn = {"op": torch.ops.lltm.backward, "composite": _composite.backward}[call]
+    fn = {"op": torch.ops.lltm.backward, "composite": cell_composite.backward}[call]
     with pytest.raises(ValueError) as info:
         fn(*args)
     _assert_lltm_error(info.value, pattern)
@@ -326,12 +326,12 @@ def test_fake_kernel_raises_the_same_backward(case):
 
 @pytest.mark.parametrize(
     ("op", "case"),
-    [(library.forward, case) for case in FORWARD_CASES if "meta" not in case]
-    + [(library.backward, case) for case in BACKWARD_CASES if "meta" not in case],
+    [(lltm.ops.forward, case) for case in FORWARD_CASES if "meta" not in case]
+    + [(lltm.ops.backward, case) for case in BACKWARD_CASES if "meta" not in case],
 )
 @pytest.mark.parametrize("delivered_as", [RuntimeError, ValueError])
 def test_a_kernels_argument_error_gets_its_type_back(op, case, delivered_as):
-    args, _ = (FORWARD_CASES if op is library.forward else BACKWARD_CASES)[case]
+    args, _ = (FORWARD_CASES if op is lltm.ops.forward else BACKWARD_CASES)[case]
     message = _eager_message(op, args)
     raw = kernel_text(op, args)
     assert raw == "lltm: [ValueError] " + message.removeprefix("lltm: ")

@@ -28,7 +28,8 @@ from oracle import CELL_ENTRY_POINTS, CompositeSequence, nonfinite_pattern, sequ
 from torch import Tensor
 
 import lltm
-from lltm import _composite, reference
+from lltm import reference
+from lltm.ops.cell_ops import composite as cell_composite
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -79,7 +80,7 @@ def _activations(forward: Callable[..., tuple[Tensor, ...]], x: Tensor) -> tuple
     return sigmoid, elu, new_h[0]
 
 
-KERNELS = {"native": torch.ops.lltm.forward, "composite": _composite.forward}
+KERNELS = {"native": torch.ops.lltm.forward, "composite": cell_composite.forward}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

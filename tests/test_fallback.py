@@ -70,7 +70,8 @@ from conftest import (
     unstable_symbols,
 )
 
-from lltm import _backends, _composite
+from lltm import _backends
+from lltm.ops.cell_ops import composite as cell_composite
 
 ROOT = Path(__file__).resolve().parents[1]
 # The version of the sources the wheels are built from, as setup.py reads it.
@@ -94,7 +95,7 @@ CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 def test_composite_kernel_matches_native_cpu_kernel(shape):
     inputs = make_inputs(*shape)
     native = torch.ops.lltm.forward(*inputs)
-    composite = _composite.forward(*inputs)
+    composite = cell_composite.forward(*inputs)
     assert_all_close(composite, native, ("new_h", "new_cell", "gates"))
     new_h, new_cell, gates = native
     input, weights, _, old_h, _ = inputs
@@ -103,7 +104,7 @@ def test_composite_kernel_matches_native_cpu_kernel(shape):
         torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in (new_h, new_cell)
     )
     args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, ALL_GRADS)
-    assert_all_close(_composite.backward(*args), torch.ops.lltm.backward(*args), GRAD_NAMES)
+    assert_all_close(cell_composite.backward(*args), torch.ops.lltm.backward(*args), GRAD_NAMES)
 
 
 def test_composite_path_warns_once_naming_the_fix(monkeypatch):
@@ -587,7 +588,7 @@ def _stand_in_plugin(root: Path, name: str, lltm_version: str, cuda_version: str
             import torch
 
             import lltm._C  # the op schemas
-            from lltm import _composite
+            import lltm.ops  # the composite kernels, in the operators' table
 
             lltm_version = {lltm_version!r}
             cuda_version = {cuda_version!r}
@@ -600,9 +601,10 @@ def _stand_in_plugin(root: Path, name: str, lltm_version: str, cuda_version: str
                     return kernel(*args)
                 return run
 
+            _composite = {{op.name: op.composite for op in lltm.ops.OPERATORS}}
             _library = torch.library.Library("lltm", "IMPL")
             for _name in ("forward", "backward", "sequence_forward", "sequence_backward"):
-                _library.impl(_name, _counted(getattr(_composite, _name)), "CUDA")
+                _library.impl(_name, _counted(_composite[_name]), "CUDA")
             """
         )
     )

@@ -2,7 +2,7 @@
 
 ``lltm.lltm_cell``, ``lltm.lltm_sequence`` and the modules skip the
 dispatcher's trip to the operators' Autograd kernels in plain eager mode
-(lltm/ops/eager.py). Each test here runs one mode twice, once through an
+(lltm/ops/dispatch.py). Each test here runs one mode twice, once through an
 entry point and once through the operator (``torch.ops.lltm.*``), on fresh
 copies of the same inputs, and asks for the same outputs, the same
 gradients (bit for bit, None where None), the same error type and message,
@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 import lltm
-from lltm.ops.eager import fast_path
+from lltm.ops.dispatch import plain_eager
 
 pytestmark = pytest.mark.usefixtures("kernels")
 
@@ -410,24 +410,24 @@ def test_a_foreign_error_passes_through_untouched(kind):
 @pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")
 def test_the_fast_path_only_in_plain_eager_mode():
     args = tuple(_inputs("cell"))
-    assert fast_path(args)
+    assert plain_eager(args)
     for mode in ("no_grad", "saved-tensor hooks", "deterministic algorithms"):
         with MODES[mode]():
-            assert fast_path(args), mode
+            assert plain_eager(args), mode
     for mode in ("inference_mode", "enable_grad inside inference_mode", "anomaly mode",
                  "forward-mode AD level"):  # fmt: skip
         with MODES[mode]():
-            assert not fast_path(args), mode
+            assert not plain_eager(args), mode
     with torch.autocast("cpu"):
-        assert not fast_path(args)
+        assert not plain_eager(args)
     for watcher in (_SeeingFunctions, _SeeingOperators):
         with watcher():
-            assert not fast_path(args)
-    assert not fast_path((args[0].as_subclass(_Scaled), *args[1:]))
+            assert not plain_eager(args)
+    assert not plain_eager((args[0].as_subclass(_Scaled), *args[1:]))
     seen = []
 
     def record(x):
-        seen.append(fast_path(args))
+        seen.append(plain_eager(args))
         return x * 2
 
     torch.func.grad(lambda x: record(x).sum())(torch.ones(2))

@@ -1,7 +1,7 @@
 """FlopCounterMode counts what lltm's kernels compute: the formulas, checked by hand.
 
 torch counts 2 FLOPs per multiply-add of a matrix product and nothing for
-pointwise work (lltm/ops/flops.py); B batch, F features, S state, T steps.
+pointwise work (the families' fake.py, lltm/ops); B batch, F features, S state, T steps.
 """
 
 from __future__ import annotations

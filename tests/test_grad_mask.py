@@ -17,7 +17,8 @@ from conftest import ARG_NAMES, GRAD_NAMES, make_backward_args, make_grad_output
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lltm
-from lltm import _composite, reference
+from lltm import reference
+from lltm.ops.cell_ops import composite as cell_composite
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -80,7 +81,7 @@ def test_no_grad_needed_records_no_graph():
 @pytest.mark.parametrize("kernel", ["native", "composite"])
 def test_backward_op_returns_only_the_masked_gradients(mask, kernel):
     *tensors, _ = make_backward_args(make_inputs(*SHAPE))
-    backward = torch.ops.lltm.backward if kernel == "native" else _composite.backward
+    backward = torch.ops.lltm.backward if kernel == "native" else cell_composite.backward
     full = torch.ops.lltm.backward(*tensors, [True] * 5)
     grads = backward(*tensors, mask)
     assert len(grads) == 5
@@ -111,7 +112,7 @@ def test_fake_backward_follows_the_mask(mask):
 @pytest.mark.parametrize("mask", [[True] * 5, [False] * 3 + [True] * 2], ids=str)
 def test_output_mask_must_have_five_entries(mask):
     *tensors, _ = make_backward_args(make_inputs(*SHAPE))
-    for backward in (torch.ops.lltm.backward, _composite.backward):
+    for backward in (torch.ops.lltm.backward, cell_composite.backward):
         with pytest.raises(ValueError, match=r"^lltm: output_mask must have 5 entries"):
             backward(*tensors, mask[:-1])
 

@@ -27,7 +27,8 @@ from conftest import (
 )
 
 import lltm
-from lltm import _backends, _composite, reference
+from lltm import _backends, reference
+from lltm.ops.cell_ops import composite as cell_composite
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -213,7 +214,7 @@ def test_backward_op_with_transposed_arguments(dtype):
     expected = torch.ops.lltm.backward(*_backward_args(contiguous=True, dtype=dtype))
     if dtype == torch.float64:
         assert_all_close(torch.ops.lltm.backward(*args), expected, GRAD_NAMES)
-        assert_all_close(_composite.backward(*args), expected, GRAD_NAMES)
+        assert_all_close(cell_composite.backward(*args), expected, GRAD_NAMES)
         return
     eps = torch.finfo(dtype).eps
     for name, t, e in zip(GRAD_NAMES, torch.ops.lltm.backward(*args), expected, strict=True):

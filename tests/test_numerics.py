@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import lltm
-from lltm import _backends, _composite, reference
+from lltm import _backends, reference
+from lltm.ops.cell_ops import composite as cell_composite
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -45,7 +46,7 @@ def _sequence(input, weights, bias, old_h, old_cell):
 
 
 def _composite_cell(input, weights, bias, old_h, old_cell):
-    return _composite.forward(input, weights, bias, old_h, old_cell)[:2]
+    return cell_composite.forward(input, weights, bias, old_h, old_cell)[:2]
 
 
 IMPLEMENTATIONS = {"cell": _cell, "sequence": _sequence, "composite": _composite_cell}
@@ -92,8 +93,8 @@ def test_elu_derivative_from_the_pre_activation(impl, dtype, x, device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_composite_elu_derivative_from_the_pre_activation(dtype):
     args = _one_unit_step(0.0, -5.0, dtype, "cpu")
-    new_h, new_cell, gates = _composite.forward(*args)
-    grads = _composite.backward(
+    new_h, new_cell, gates = cell_composite.forward(*args)
+    grads = cell_composite.backward(
         torch.zeros_like(new_h), torch.ones_like(new_cell), new_cell, gates,
         args[0], args[3], args[1], [False, False, True, False, False],
     )  # fmt: skip

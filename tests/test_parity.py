@@ -27,7 +27,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import lltm
-from lltm import _composite, reference
+from lltm import reference
+from lltm.ops.cell_ops import composite as cell_composite
+from lltm.ops.sequence_ops import composite as sequence_composite
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -273,7 +275,7 @@ def test_accuracy_check_rejects_broken_kernels(dtype, breakage, shape):
 
 def _assert_composite_equals_native(inputs):
     native = torch.ops.lltm.forward(*inputs)
-    composite = _composite.forward(*inputs)
+    composite = cell_composite.forward(*inputs)
     # The gates layout is part of the contract: backward kernels of either
     # kind must accept gates saved by a forward of the other kind.
     assert_all_close(composite, native, ("new_h", "new_cell", "gates"))
@@ -281,7 +283,7 @@ def _assert_composite_equals_native(inputs):
     grad_h, grad_cell = torch.randn_like(new_h), torch.randn_like(new_cell)
     input, weights, _, old_h, _ = inputs
     args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, ALL_GRADS)
-    assert_all_close(_composite.backward(*args), torch.ops.lltm.backward(*args), GRAD_NAMES)
+    assert_all_close(cell_composite.backward(*args), torch.ops.lltm.backward(*args), GRAD_NAMES)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -295,7 +297,7 @@ def test_composite_low_precision_close_to_oracle(dtype):
     # The composite rounds every intermediate, the native kernel does not:
     # both are held to the oracle rather than to each other.
     inputs = make_inputs(5, 9, 13, dtype=dtype)
-    new_h, new_cell, _ = _composite.forward(*inputs)
+    new_h, new_cell, _ = cell_composite.forward(*inputs)
     exp_out, _ = _oracle(inputs)
     tol = ELEMENTWISE_TOL[dtype]
     assert_all_close([new_h.double(), new_cell.double()], exp_out, OUTPUT_NAMES, **tol)
@@ -347,7 +349,7 @@ def test_16_bit_grad_bias_sums_unrounded_gradients(dtype):
         [False, False, True] + [False] * 2,
     )
     ours = torch.ops.lltm.backward(*args)[2]
-    composite = _composite.backward(*args)[2]
+    composite = cell_composite.backward(*args)[2]
     assert _units_apart(ours, composite, dtype) <= 1
 
     # A sequence of three steps, W_h = 0 and an output gradient at the first
@@ -362,5 +364,5 @@ def test_16_bit_grad_bias_sums_unrounded_gradients(dtype):
     args = (grad_output, None, None, output, gates, cells, sequence[0], w, inputs[3], None, False,
             [False, False, True, False, False])  # fmt: skip
     ours = torch.ops.lltm.sequence_backward(*args)[2]
-    composite = _composite.sequence_backward(*args)[2]
+    composite = sequence_composite.sequence_backward(*args)[2]
     assert _units_apart(ours, composite, dtype) <= 1

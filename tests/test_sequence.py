@@ -18,7 +18,8 @@ from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lltm
-from lltm import _composite, _errors, reference
+from lltm import _errors, reference
+from lltm.ops.sequence_ops import composite as sequence_composite
 
 # Each test runs against lltm's CPU kernels and the CUDA sources built for
 # the host (conftest.py's `kernels`).
@@ -262,19 +263,19 @@ def _backward_args(forward_args, outputs, mask=(True,) * 5):
 def test_native_equals_composite(case, dtype):
     args = _op_args(case, dtype)
     native = torch.ops.lltm.sequence_forward(*args)
-    composite = _composite.sequence_forward(*args)
+    composite = sequence_composite.sequence_forward(*args)
     names = ("output", "h_n", "c_n", "gates", "cells")
     assert_all_close(native, composite, names)
     backward_args = _backward_args(args, native)
     assert_all_close(
         torch.ops.lltm.sequence_backward(*backward_args),
-        _composite.sequence_backward(*backward_args),
+        sequence_composite.sequence_backward(*backward_args),
         GRAD_NAMES,
     )
     gate_grads_args = backward_args[:-1]  # no output_mask
     assert_all_close(
         torch.ops.lltm.sequence_gate_grads(*gate_grads_args),
-        _composite.sequence_gate_grads(*gate_grads_args),
+        sequence_composite.sequence_gate_grads(*gate_grads_args),
         ("grad_gates", "grad_old_h", "grad_old_cell"),
     )
 
@@ -605,7 +606,11 @@ SEQUENCE_ERRORS = {
 @pytest.mark.parametrize("kernel", ["native", "composite"])
 def test_bad_arguments_name_the_argument(case, kernel):
     args, pattern = SEQUENCE_ERRORS[case]
-    fn = torch.ops.lltm.sequence_forward if kernel == "native" else _composite.sequence_forward
+    fn = (
+        torch.ops.lltm.sequence_forward
+        if kernel == "native"
+        else sequence_composite.sequence_forward
+    )
     with pytest.raises(ValueError, match=r"^lltm: " + pattern):
         fn(*args)
 
@@ -668,7 +673,7 @@ def test_bad_backward_arguments_name_the_argument(case, op):
     args, pattern = SEQUENCE_BACKWARD_ERRORS[case]
     if op == "sequence_gate_grads":
         args = args[:-1]
-    native, composite = getattr(torch.ops.lltm, op), getattr(_composite, op)
+    native, composite = getattr(torch.ops.lltm, op), getattr(sequence_composite, op)
     with pytest.raises(ValueError, match=r"^lltm: " + pattern) as info:
         native(*args)
     message = str(info.value)

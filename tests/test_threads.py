@@ -40,7 +40,9 @@ from test_sequence import (
 )
 
 import lltm
-from lltm import _composite, reference
+from lltm import reference
+from lltm.ops.cell_ops import composite as cell_composite
+from lltm.ops.sequence_ops import composite as sequence_composite
 
 NAMES = OUTPUT_NAMES + GRAD_NAMES
 # Different shapes per job, so that a kernel sharing a buffer between calls
@@ -163,7 +165,7 @@ def test_split_backward_op_matches_composite(restore_num_threads):
         [False, False, False, False, True],
     ):
         args = (grad_h, grad_cell, new_cell, gates, input, old_h, weights, mask)
-        native, composite = torch.ops.lltm.backward(*args), _composite.backward(*args)
+        native, composite = torch.ops.lltm.backward(*args), cell_composite.backward(*args)
         for name, n, c, want in zip(GRAD_NAMES, native, composite, mask, strict=True):
             assert (n is not None) == want, name
             if want:
@@ -207,7 +209,7 @@ def test_split_packed_sequence_matches_composite(reverse, restore_num_threads):
     )
     args = [data, weights, bias, h, c, batch_sizes, reverse]
     native = torch.ops.lltm.sequence_forward(*args)
-    composite = _composite.sequence_forward(*args)
+    composite = sequence_composite.sequence_forward(*args)
     assert_tight(native, composite, ("output", "h_n", "c_n", "gates", "cells"))
     generator = torch.Generator().manual_seed(8)
     upstream = [torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in native[:3]]
@@ -224,6 +226,6 @@ def test_split_packed_sequence_matches_composite(reverse, restore_num_threads):
     ]
     assert_tight(
         torch.ops.lltm.sequence_backward(*backward_args),
-        _composite.sequence_backward(*backward_args),
+        sequence_composite.sequence_backward(*backward_args),
         GRAD_NAMES,
     )

@@ -5,8 +5,8 @@
 //
 // Steps run on a running state: step t updates its first batch_sizes[t] rows,
 // the others keep theirs, which is what a PackedSequence needs in both
-// directions (sequence_forward's contract: src/lltm/ops/library.py). In float
-// and double the steps are the fused kernels of fused_steps/, where they
+// directions (sequence_forward's contract: src/lltm/ops/sequence_ops/contract.py).
+// In float and double the steps are the fused kernels of fused_steps/, where they
 // exist (GCC and Clang builds): the weights packed once per call, each step
 // one pass of register tiles that computes its pre-activations (input
 // projection included) and ends in the cell's pointwise work on the values it

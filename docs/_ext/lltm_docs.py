@@ -1,7 +1,8 @@
 """Directives of lltm's documentation.
 
 ``lltm-operator``: one of ``torch.ops.lltm.*`` in the API reference. An operator's schema is declared once, in csrc/lltm_ops.cpp; its contract is
-the docstring of its handle in lltm/ops/library.py. The directive renders
+the docstring of its handle in its family's contract.py (lltm/ops/cell_ops/,
+lltm/ops/sequence_ops/). The directive renders
 both from the installed lltm: the signature and schema as torch registered
 them, the docstring as autodoc would (napoleon's Google style).
 
@@ -29,7 +30,8 @@ from sphinx.ext.napoleon.docstring import GoogleDocstring
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.util.docutils import SphinxDirective
 
-HANDLES = "lltm.ops.library"
+# The modules that hold the handles, one an operator family.
+HANDLES = ("lltm.ops.cell_ops.contract", "lltm.ops.sequence_ops.contract")
 
 # TorchScript's names of the schema types, in Python's spelling.
 PYTHON_TYPES = {
@@ -64,9 +66,14 @@ class OperatorDirective(SphinxDirective):
 
     def run(self) -> list[nodes.Node]:
         name = self.arguments[0]
-        docs = ModuleAnalyzer.for_module(HANDLES).find_attr_docs()
-        if ("", name) not in docs:
-            raise self.error(f"{HANDLES}.{name} has no docstring")
+        found = [
+            (module, docs)
+            for module in HANDLES
+            if ("", name) in (docs := ModuleAnalyzer.for_module(module).find_attr_docs())
+        ]
+        if not found:
+            raise self.error(f"no handle named {name} with a docstring in {', '.join(HANDLES)}")
+        module, docs = found[0]
         signature, schema = _signature(name)
         body = GoogleDocstring(list(docs[("", name)]), self.config, what="function").lines()
         lines = [
@@ -82,9 +89,9 @@ class OperatorDirective(SphinxDirective):
             f"      lltm::{schema.removeprefix('lltm::')}",
             "",
         ]
-        self.env.note_dependency(ModuleAnalyzer.for_module(HANDLES).srcname)
+        self.env.note_dependency(ModuleAnalyzer.for_module(module).srcname)
         container = nodes.section()
-        self.state.nested_parse(StringList(lines, source=f"{HANDLES}.{name}"), 0, container)
+        self.state.nested_parse(StringList(lines, source=f"{module}.{name}"), 0, container)
         return container.children
 
 

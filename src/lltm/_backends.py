@@ -7,8 +7,9 @@ plugin matching torch's CUDA major version, if it is there and usable, and
 records why not otherwise (never raising: ``import lltm`` must work whatever
 is installed).
 
-The composite kernel (lltm/_composite.py) is every operator's default for all
-devices (registered from lltm/ops/operators.py's table). Native kernels are
+The composite kernel (each operator family's composite.py, in lltm/ops) is
+every operator's default for all devices (registered from the operators'
+table, lltm/ops/registration.py). Native kernels are
 more specific dispatch entries and win where they exist; elsewhere (CUDA
 without the plugin, MPS, XPU, ...) the op still runs on the tensors' own
 device, after one warning (:func:`warning_first`) that says why and what

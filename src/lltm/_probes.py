@@ -77,9 +77,10 @@ _transforms_active = _probe(
 )
 
 
-def functorch_transforms_active() -> bool:
-    """Whether a torch.func transform (grad, vmap, jvp, ...) is running."""
-    return _transforms_active() if _transforms_active is not None else True
+# Read on every call of an entry point: torch's own function where it is there
+# (no Python frame around it), like the three below.
+functorch_transforms_active: Callable[[], bool] = _transforms_active or (lambda: True)
+"""Whether a torch.func transform (grad, vmap, jvp, ...) is running."""
 
 
 _forward_ad_level = _probe(
@@ -107,15 +108,16 @@ _any_autocast = _probe(
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "privateuseone")
 
 
-def any_autocast_enabled() -> bool:
-    """Whether an autocast region is active for any device type."""
-    if _any_autocast is not None:
-        return bool(_any_autocast())
+def _any_autocast_asked_per_device() -> bool:
     for device in _AUTOCAST_DEVICES:
         with contextlib.suppress(RuntimeError):
             if torch.is_autocast_enabled(device):
                 return True
     return False
+
+
+any_autocast_enabled: Callable[[], bool] = _any_autocast or _any_autocast_asked_per_device
+"""Whether an autocast region is active for any device type."""
 
 
 _dispatch_stack_length = _probe(
@@ -139,9 +141,8 @@ _is_tracing = _probe(
 )
 
 
-def jit_tracing() -> bool:
-    """Whether ``torch.jit.trace`` is recording."""
-    return bool(_is_tracing()) if _is_tracing is not None else torch.jit.is_tracing()
+jit_tracing: Callable[[], bool] = _is_tracing or torch.jit.is_tracing
+"""Whether ``torch.jit.trace`` is recording."""
 
 
 # --- Calling below autograd ----------------------------------------------------------
@@ -184,11 +185,12 @@ _any_requires_grad = _probe(
 )
 
 
-def any_requires_grad(*args: Any) -> bool:
-    """Whether a tensor among ``args`` requires grad."""
-    if _any_requires_grad is not None:
-        return bool(_any_requires_grad(*args))
+def _any_requires_grad_in_python(*args: Any) -> bool:
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+any_requires_grad: Callable[..., bool] = _any_requires_grad or _any_requires_grad_in_python
+"""Whether a tensor among its arguments requires grad."""
 
 
 # --- torch.func --------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 from torch import Tensor
 
 from . import ops
-from ._checks import check_forward_args
 
 
 def lltm_cell(
@@ -65,8 +64,5 @@ def lltm_sequence(
         TypeError: as for :func:`lltm_cell`.
         ValueError: as for :func:`lltm_cell`.
     """
-    args = (input, weights, bias, old_h, old_cell)
-    if not all(isinstance(t, Tensor) or (t is None and i == 2) for i, t in enumerate(args)):
-        check_forward_args(*args)  # raises a TypeError naming the argument
-    output, h_n, c_n = ops.sequence(*args)
+    output, h_n, c_n = ops.sequence(input, weights, bias, old_h, old_cell)
     return output, (h_n, c_n)

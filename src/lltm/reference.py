@@ -3,6 +3,14 @@
 This is the Python implementation from PyTorch's "Custom C++ and CUDA
 Extensions" tutorial, kept deliberately naive: autograd differentiates it and
 it saves every intermediate, which is exactly what the fused kernels avoid.
+Tests hold every path of lltm to it, in float64.
+
+lltm has two more LLTMs in plain PyTorch, neither of them public and neither
+an oracle: each operator family's composite kernel (``composite.py`` in
+``lltm/ops/cell_ops`` and ``lltm/ops/sequence_ops``: what a device without a
+native kernel runs, computing what the fused kernels compute) and its lowering
+(``lowering.py`` there: core ATen graphs for exporters such as ONNX and
+ExecuTorch).
 """
 
 from __future__ import annotations

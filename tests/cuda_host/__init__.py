@@ -132,7 +132,7 @@ def modules() -> tuple[_native.CudaLibrary, ModuleType]:
     library = _build()
     # No autograd formula of their own: at the Autograd key they let the call
     # through, so that a kernel sees the dispatcher state it sees on a GPU,
-    # below lltm's own Autograd kernels (src/lltm/ops/autograd.py), which
+    # below lltm's own Autograd kernels (src/lltm/ops/dispatch.py), which
     # redispatch past that key.
     autograd = torch.library.Library(NAMESPACE, "IMPL")
     for op in OPS:

@@ -2,41 +2,43 @@
 
 The compiled library declares five operators (csrc/lltm_ops.cpp) and
 registers their CPU kernels; the CUDA plugin adds CUDA kernels. This package
-registers everything else with the ``torch.library`` API, from one table
-(operators.py), one concern per module:
+registers everything else with the ``torch.library`` API, from one table:
+each operator's entry, in its family's package, names what Python registers
+for it, and every entry is registered here, once (registration.py).
 
-================  ================================================================
-library.py        handles on ``torch.ops.lltm.*``, with their contracts
-operators.py      the table: one entry per operator, naming what follows
-registration.py   registers an entry with torch
-fake.py           fake kernels: shapes for torch.compile, torch.export, meta tensors
-autograd.py       reverse and forward mode, higher orders (the Autograd key)
-tangents.py       the forward-mode formulas
-vmap.py           batching rules for ``torch.vmap`` and per-sample gradients
-autocast.py       the autocast policy of torch's recurrent ops
-flops.py          FLOP formulas, for ``torch.utils.flop_counter.FlopCounterMode``
-decompositions    the forward operators as core ATen, for ONNX, ExecuTorch, run_decompositions
-eager.py          :func:`cell` and :func:`sequence`, the Python entry points
-================  ================================================================
+==================  ============================================================
+cell_ops/           the cell's operators, ``forward`` and ``backward``: contracts,
+                    composite kernel, fake kernels and FLOPs, batching rules, the
+                    autograd Function, the lowering, the entry point :func:`cell`
+sequence_ops/       the same for the sequence's: ``sequence_forward``,
+                    ``sequence_backward``, ``sequence_gate_grads``; :func:`sequence`
+registration.py     an entry of the table (``Operator``), and the torch.library calls
+dispatch.py         the one decision: the Function, the composite or the kernels,
+                    for the Autograd kernels and the entry points alike
+checks.py           the argument checks both families are built from
+autocast.py         autocast's policy for the forward operators
+batching.py         the vmapped dimension folded into the kernels' batch
+decompositions.py   how the lowerings reach torch.export's decomposition table
+==================  ============================================================
 
-The composite kernels (plain torch) are lltm/_composite.py, the argument
-checks lltm/_checks.py. ``forward``/``backward`` are the cell's operators,
+``forward``/``backward`` are the cell's operators,
 ``sequence_forward``/``sequence_backward``/``sequence_gate_grads`` the
-sequence's (``torch.ops.lltm.<name>.default``).
+sequence's (``torch.ops.lltm.<name>.default``); their docstrings are their
+contracts. Their floating-point tensors are float32, float64, float16 or
+bfloat16, all of one dtype and on one device (16-bit types compute in
+float32); a bad argument raises a ``ValueError`` or ``TypeError`` that
+starts with ``lltm:`` and names the argument.
 """
 
 from __future__ import annotations
 
-from .eager import cell, sequence
-from .library import (
-    backward,
-    forward,
-    sequence_backward,
-    sequence_forward,
-    sequence_gate_grads,
-)
-from .operators import OPERATORS
-from .registration import register
+from . import cell_ops, sequence_ops
+from .cell_ops import backward, cell, forward
+from .registration import Operator, register
+from .sequence_ops import sequence, sequence_backward, sequence_forward, sequence_gate_grads
+
+OPERATORS: tuple[Operator, ...] = (*cell_ops.OPERATORS, *sequence_ops.OPERATORS)
+"""Every operator's entry: what Python registers for it."""
 
 for _operator in OPERATORS:
     register(_operator)

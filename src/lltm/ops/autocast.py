@@ -1,13 +1,13 @@
-"""Autocast: inside ``torch.autocast`` lltm's operators run as ``nn.LSTM`` does.
+"""Autocast: inside ``torch.autocast`` lltm's forward operators run as ``nn.LSTM`` does.
 
 torch's own recurrent ops are on autocast's lower-precision list: their
 floating-point arguments are cast to the region's dtype
 (``torch.get_autocast_dtype``: bfloat16 or float16, whichever the region
 names) and they compute and return that dtype. Autograd then returns the
 gradients of float32 parameters in float32, through the casts. lltm's
-forward operators get the same policy, from a kernel at each Autocast
-dispatch key: float64 arguments and other devices' tensors are left alone,
-as torch's casts leave them.
+forward operators get the same policy (``autocast=True`` in their table
+entries), from a kernel at each Autocast dispatch key: float64 arguments and
+other devices' tensors are left alone, as torch's casts leave them.
 
 ``torch.library.register_autocast`` cannot express this: it casts to one
 dtype fixed at registration. The backward operators have no autocast kernel,
@@ -34,14 +34,6 @@ DEVICE_TYPES = [
 ]
 
 
-def enabled(device_type: str) -> bool:
-    """Whether an autocast region is active for ``device_type``.
-
-    Never for a device without autocast, such as meta.
-    """
-    return device_type in DEVICE_TYPES and torch.is_autocast_enabled(device_type)
-
-
 def _cast(value: Any, device_type: str, dtype: torch.dtype) -> Any:
     if (
         isinstance(value, Tensor)
@@ -57,6 +49,19 @@ def cast_arguments(device_type: str, args: Sequence[Any]) -> tuple[Any, ...]:
     """``args`` as the autocast region on ``device_type`` casts them."""
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(_cast(a, device_type, dtype) for a in args)
+
+
+def call_cast(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(*args)``, the arguments cast as an autocast region active on their device casts them.
+
+    For a call that no Autocast kernel sees: the composite kernel, called
+    directly on a GPU the fused kernels cannot serve (ops/dispatch.py). No
+    device without autocast (meta) has a region.
+    """
+    device_type = args[0].device.type
+    if device_type in DEVICE_TYPES and torch.is_autocast_enabled(device_type):
+        args = cast_arguments(device_type, args)
+    return fn(*args)
 
 
 def kernel(op: Any, device_type: str) -> Callable[..., Any]:

@@ -1,4 +1,4 @@
-"""Decompositions: lltm's forward operators as core ATen, for whoever asks for them.
+"""How the forward operators' lowerings to core ATen reach whoever asks for them.
 
 A program exported with ``torch.export.export`` keeps lltm's operators, so that
 AOTInductor, ``torch.compile`` and the exported module itself call the fused
@@ -6,16 +6,10 @@ kernels. Runtimes outside PyTorch have no lltm kernel: the ONNX exporter,
 ExecuTorch's ``to_edge`` and ``ExportedProgram.run_decompositions()`` lower a
 program to core ATen with a decomposition table built from
 ``torch.export.default_decompositions()``, and that table holds lltm's forward
-operators. Lowered, they become the graphs of ``lowered.py``: the cell's
+operators. Lowered, they become the graphs of each family's lowering.py
+(named by the ``decomposition`` of their table entries): the cell's
 formula, and a sequence's steps unrolled (a length fixed at export) or in
-one loop (torch's ``scan``: any length). Which graph follows from the
-program's sizes and from one public flag: whether torch.onnx.export is
-running (``torch.onnx.is_in_onnx_export()``), for which a loop serves every
-shape best. Every other lowering (run_decompositions(), ExecuTorch's to_edge
-and to_edge_transform_and_lower, in any order) gets the same graphs, which
-ExecuTorch runs correctly at every size the export allows.
-Packed sequences cannot be lowered (each step's batch size is data that a
-static graph cannot follow): that is an error naming what to do.
+one loop (torch's ``scan``: any length).
 
 How the table reaches the operators. ``default_decompositions()`` takes in
 every operator with a CompositeImplicitAutograd kernel, custom ones too, and
@@ -31,7 +25,7 @@ original kernel at the backend keys. A dispatcher only reaches a
 CompositeImplicitAutograd kernel on devices with no kernel of their own, and
 lltm's operators have kernels on every device; so lltm's Autograd kernels,
 as the Python dispatcher sees them, look for that installation and apply the
-entry: the decomposition below for ``_in_table``, the entry itself for a
+entry: the operator's lowering for ``_in_table``, the entry itself for a
 table that brings its own, nothing for a table that leaves the operator out
 (its entry, ``_special_op_to_preserve_cia``, declines). Outside a lowering
 they run the operator's Autograd kernel as the dispatcher would.
@@ -39,45 +33,10 @@ they run the operator's Autograd kernel as the dispatcher would.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor
-
 from .. import _probes
-from . import lowered
-
-
-def sequence(
-    input: Tensor,
-    weights: Tensor,
-    bias: Tensor | None,
-    old_h: Tensor,
-    old_cell: Tensor,
-    batch_sizes: Tensor | None,
-    reverse: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """lltm::sequence_forward in core ATen: the input projection, then the steps (lowered.py)."""
-    if batch_sizes is not None:
-        raise ValueError(
-            "lltm: a packed sequence (lltm::sequence_forward with batch_sizes) cannot be "
-            "lowered to core ATen, for ONNX, ExecuTorch or run_decompositions(): how many "
-            "sequences each step updates is data, which the lowered graph cannot follow. "
-            "Export the model on the padded batch instead (torch.nn.utils.rnn.pad_packed_sequence)"
-        )
-    return lowered.sequence(
-        input, weights, bias, old_h, old_cell, reverse, for_onnx=_exporting_to_onnx()
-    )
-
-
-def _exporting_to_onnx() -> bool:
-    """Whether torch.onnx.export is running (torch.onnx is imported only when used)."""
-    onnx = sys.modules.get("torch.onnx")
-    return onnx is not None and bool(onnx.is_in_onnx_export())
-
-
-# --- Registration ----------------------------------------------------------------------
 
 _IMPLICIT = "CompositeImplicitAutograd"
 

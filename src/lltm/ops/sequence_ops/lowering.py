@@ -1,9 +1,14 @@
-"""lltm's forward operators as core ATen: the graphs ONNX and ExecuTorch run.
+"""The sequence's forward operator as core ATen: the graphs ONNX and ExecuTorch run.
 
-Each computes what the kernels compute, every output in the input's type:
-products and pointwise math in the math type (float32 for 16-bit inputs),
-pre-activations rounded once to the input's type, the state carried in it.
-Three forms of a sequence, for what its consumer runs best:
+The lowering of ``lltm::sequence_forward`` (ops/decompositions.py says how
+it reaches the exporters), built from the cell's (cell_ops/lowering.py): it
+computes what the kernels compute, every output in the input's type, the
+state carried in it. Three forms, for what the program's consumer runs
+best; which one follows from the program's sizes and from one public flag,
+whether torch.onnx.export is running (``torch.onnx.is_in_onnx_export()``).
+Every other lowering (run_decompositions(), ExecuTorch's to_edge and
+to_edge_transform_and_lower, in any order) gets the same graphs, which
+ExecuTorch runs correctly at every size the export allows:
 
 * **Unrolled** (a length fixed at export, outside ONNX): the steps one after
   the other, each the cell's own product ``[h, x_t] @ weights.T + bias``, as
@@ -22,48 +27,48 @@ Three forms of a sequence, for what its consumer runs best:
   carried state has the batch size's upper bound as its rows, and each step
   reads and writes the first ``batch`` of them.
 
-The ELU is written ``max(x, exp(min(x, 0)) - 1)``: ExecuTorch's XNNPACK
-partitioner (1.5) takes each of those operators but not ``elu``, and
-onnxruntime runs them in half the time of its ``Elu``.
+Packed sequences cannot be lowered (each step's batch size is data that a
+static graph cannot follow): that is an error naming what to do.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import _probes
-from .._checks import check_forward_args, check_sequence_args
-from .._composite import gate_slices, math_type
+from ... import _probes
+from ..cell_ops.composite import math_type
+from ..cell_ops.lowering import elu, product, rounded, step, update
+from .contract import check_sequence_args
 
 Outputs = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
-def cell(
-    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``lltm::forward``: (new_h, new_cell, gates)."""
-    check_forward_args(input, weights, bias, old_h, old_cell)
-    dtype, math = input.dtype, math_type(input)
-    pre = _product(torch.cat([old_h, input], dim=1), weights, bias, math, dtype)
-    new_h, new_cell, gates = _step(pre, old_cell, math, dtype)
-    return new_h, new_cell, gates
-
-
-def sequence(
+def sequence_forward(
     input: Tensor,
     weights: Tensor,
     bias: Tensor | None,
     old_h: Tensor,
     old_cell: Tensor,
+    batch_sizes: Tensor | None,
     reverse: bool,
-    for_onnx: bool,
 ) -> Outputs:
-    """``lltm::sequence_forward`` of a padded batch: (output, h_n, c_n, gates, cells).
+    """``lltm::sequence_forward`` in core ATen: (output, h_n, c_n, gates, cells).
 
-    ``for_onnx``: the program is being exported to ONNX (any shape scans).
+    Unrolled or scanned (see the module's docstring); a packed sequence is
+    an error.
     """
+    if batch_sizes is not None:
+        raise ValueError(
+            "lltm: a packed sequence (lltm::sequence_forward with batch_sizes) cannot be "
+            "lowered to core ATen, for ONNX, ExecuTorch or run_decompositions(): how many "
+            "sequences each step updates is data, which the lowered graph cannot follow. "
+            "Export the model on the padded batch instead (torch.nn.utils.rnn.pad_packed_sequence)"
+        )
+    for_onnx = _exporting_to_onnx()  # any shape scans
     n = check_sequence_args(input, weights, bias, old_h, old_cell, None)
     fixed_length = isinstance(n.steps, int)
     if n.steps == 0 or (fixed_length and not for_onnx) or _probes.scan_op is None:
@@ -88,58 +93,10 @@ def sequence(
     return _scanned(input, weights, bias, old_h, old_cell, reverse, bound)
 
 
-def _product(
-    rows: Tensor, weights: Tensor, bias: Tensor | None, math: torch.dtype, dtype: torch.dtype
-) -> Tensor:
-    """``rows @ weights.T + bias`` in the math type, rounded once to ``dtype``."""
-    if math != dtype:
-        rows, weights = rows.to(math), weights.to(math)
-        bias = None if bias is None else bias.to(math)
-    return _rounded(F.linear(rows, weights, bias), dtype)
-
-
-def _rounded(pre: Tensor, dtype: torch.dtype) -> Tensor:
-    """Pre-activations of a 16-bit input, rounded once to it as the kernels round them.
-
-    They are computed in float32; pre-activations of other inputs are
-    returned unchanged.
-    """
-    return pre if pre.dtype == dtype else pre.to(dtype).to(pre.dtype)
-
-
-def _elu(x: Tensor) -> Tensor:
-    """ELU: ``x`` where positive, ``exp(x) - 1`` elsewhere (``exp(x) - 1 >= x`` always)."""
-    return torch.maximum(x, torch.exp(torch.clamp(x, max=0.0)) - 1)
-
-
-def _update(
-    pre_i: Tensor, pre_o: Tensor, pre_g: Tensor, old_cell: Tensor, math: torch.dtype
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The pointwise part of a step, in the math type: (new_h, new_cell, i, o).
-
-    In the kernels' order (_composite.step_forward): the cell's increment
-    is elu(g) * i, and tanh reads the cell before its rounding.
-    """
-    i, o = torch.sigmoid(pre_i), torch.sigmoid(pre_o)
-    new_cell = old_cell.to(math) + _elu(pre_g) * i
-    return torch.tanh(new_cell) * o, new_cell, i, o
-
-
-def _step(
-    pre: Tensor, old_cell: Tensor, math: torch.dtype, dtype: torch.dtype
-) -> tuple[Tensor, Tensor, Tensor]:
-    """A step from its pre-activations: (new_h, new_cell, gates), in ``dtype``.
-
-    The gates come apart by slices: lowered for ExecuTorch (1.5), a split of a
-    tensor whose batch size is dynamic fixes that size, and XNNPACK takes
-    slices but not a split.
-    """
-    pre_i, pre_o, pre_g = gate_slices(pre)
-    new_h, new_cell, i, o = _update(pre_i, pre_o, pre_g, old_cell, math)
-    # The layout of every kernel's `gates`: activated input and output gates,
-    # the candidate's pre-activation.
-    gates = torch.cat([i, o, pre_g], dim=-1).to(dtype)
-    return new_h.to(dtype), new_cell.to(dtype), gates
+def _exporting_to_onnx() -> bool:
+    """Whether torch.onnx.export is running (torch.onnx is imported only when used)."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and bool(onnx.is_in_onnx_export())
 
 
 def _unrolled(
@@ -162,8 +119,8 @@ def _unrolled(
     h, c = old_h, old_cell
     outputs, cells, gates = [old_h] * steps, [old_cell] * steps, [old_h] * steps
     for t in range(steps - 1, -1, -1) if reverse else range(steps):
-        pre = _product(torch.cat([h, input[t]], dim=1), weights, bias, math, dtype)
-        h, c, step_gates = _step(pre, c, math, dtype)
+        pre = product(torch.cat([h, input[t]], dim=1), weights, bias, math, dtype)
+        h, c, step_gates = step(pre, c, math, dtype)
         outputs[t], cells[t], gates[t] = h, c, step_gates
     return torch.stack(outputs), h, c, torch.stack(gates), torch.stack(cells)
 
@@ -209,16 +166,16 @@ def _scanned(
     # holds no arithmetic on sizes (which torch's scan cannot retrace).
     rows: tuple[Tensor, ...] = () if bound is None else (_row_indices(batch, state, old_h.device),)
 
-    def step(h: Tensor, c: Tensor, *xs_and_more: Tensor) -> tuple[Tensor, ...]:
+    def scan_step(h: Tensor, c: Tensor, *xs_and_more: Tensor) -> tuple[Tensor, ...]:
         x_i, x_o, x_g, w_i, w_o, w_g, *index = xs_and_more
         carried_h, carried_c = h, c
         if index:
             h, c = h.gather(0, index[0]), c.gather(0, index[0])
         h = h.to(math)
         pre_i, pre_o, pre_g = (
-            _rounded(torch.mm(h, w) + x, dtype) for x, w in ((x_i, w_i), (x_o, w_o), (x_g, w_g))
+            rounded(torch.mm(h, w) + x, dtype) for x, w in ((x_i, w_i), (x_o, w_o), (x_g, w_g))
         )
-        new_h, new_cell, _, _ = _update(pre_i, pre_o, pre_g, c, math)
+        new_h, new_cell, _, _ = update(pre_i, pre_o, pre_g, c, math)
         new_h, new_cell = new_h.to(dtype), new_cell.to(dtype)
         if index:
             new_h = carried_h.scatter(0, index[0], new_h)
@@ -231,7 +188,7 @@ def _scanned(
     else:
         h_0, c_0 = _padded(old_h, bound, rows[0]), _padded(old_cell, bound, rows[0])
     xs = [x.flip(0) for x in projected] if reverse else projected
-    h_n, c_n, output, *cells = _probes.scan_op(step, [h_0, c_0], xs, (*recurrent, *rows))
+    h_n, c_n, output, *cells = _probes.scan_op(scan_step, [h_0, c_0], xs, (*recurrent, *rows))
     if bound is not None:
         # Selected rather than sliced: export would assume a slice's end is
         # not the bound (a view of less than the whole).
@@ -280,8 +237,8 @@ def _gates(
         math
     )
     pre_i, pre_o, pre_g = (
-        _rounded(x + torch.matmul(h_prev, w), dtype)
+        rounded(x + torch.matmul(h_prev, w), dtype)
         for x, w in zip(projected, recurrent, strict=True)
     )
     i, o = torch.sigmoid(pre_i), torch.sigmoid(pre_o)
-    return torch.cat([i, o, pre_g], dim=-1).to(dtype), _elu(pre_g) * i
+    return torch.cat([i, o, pre_g], dim=-1).to(dtype), elu(pre_g) * i
