@@ -14,7 +14,7 @@ else:  # nox itself may run on 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "pyproject.toml"
-CUDA_CONFIG = ROOT / "packaging" / "cibuildwheel-cuda.toml"
+CUDA_CONFIG = ROOT / "tools" / "cibuildwheel-cuda.toml"
 CONFIGS = {"cpu": CPU_CONFIG, "cuda": CUDA_CONFIG}
 
 
