@@ -270,7 +270,7 @@ def replay_cibuildwheel(session: nox.Session) -> None:
                 ("cuda", CIBW_CUDA_CONFIG),
             ):
                 options = cibw_options(config_file, identifier)
-                groups = [req for group in options.get("test-groups", []) for req in group(group)]
+                groups = [req for name in options.get("test-groups", []) for req in group(name)]
                 requires = [*groups, *options.get("test-requires", [])]
                 wheel = str(repaired[variant])
                 install_torch(
