@@ -321,7 +321,9 @@ def cross_build(root: Path, outdir: Path) -> Path:
     tree = Path(tempfile.mkdtemp(prefix="lltm-aarch64-src-"))
     for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy2(ROOT / name, tree / name)
-    for name in ("src", "csrc"):
+    (tree / "tools").mkdir()
+    shutil.copy2(ROOT / "tools" / "__init__.py", tree / "tools" / "__init__.py")
+    for name in ("src", "csrc", "tools/setup_helpers"):
         shutil.copytree(
             ROOT / name,
             tree / name,
