@@ -38,6 +38,7 @@ from tools.nox_envs import (  # noqa: E402
     install_torch,
     interpreter,
     missing_pythons,
+    session_cache,
 )
 from tools.nox_matrix import (  # noqa: E402
     BETWEEN_TORCH,
@@ -141,13 +142,12 @@ def deploy(session: nox.Session) -> None:
 def compat(session: nox.Session) -> None:
     """One binary across both ranges, and the suite under the newest torch:
     the py3-none wheel built under the oldest Python against the oldest torch
-    (as the release builds are; the tests session's build, reused) loads
-    there, and installed unchanged under the newest Python with the newest
-    torch passes the test suite. Arguments after ``--`` replace pytest's."""
+    (as the release builds are), installed unchanged under the newest Python
+    with the newest torch, passes the test suite. The wheel is the one the
+    tests session built and tested under the oldest torch, reused (no oldest
+    torch installed here: 6 GB of disk), or built here when that session has
+    not run. Arguments after ``--`` replace pytest's."""
     wheel = build_wheel(session, OLDEST_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    install_torch(session, OLDEST_TORCH, str(wheel), *group("test"))
-    session.run("python", "-m", "lltm", "info")
-    session.run("pytest", "-p", "no:cacheprovider", "tests/test_smoke.py")
     python, env = fresh_env(
         session, f"py{NEWEST_PYTHON}-venv", interpreter=interpreter(session, NEWEST_PYTHON)
     )
@@ -312,7 +312,7 @@ def slow(session: nox.Session) -> None:
     """The slow tests (``pytest -m slow``), e.g. tests/test_fallback.py: both
     wheels built and installed next to real CPU-only and CUDA torches. Their
     environments are cached in LLTM_TEST_VENV_CACHE (default
-    ~/.cache/lltm/test-venvs). The wheels are those ``nox -s cibuildwheel``
+    ~/.cache/lltm/test-venvs; on CI, freed with the session). The wheels are those ``nox -s cibuildwheel``
     repaired from the same sources, where it ran; LLTM_TEST_WHEELS=dist takes
     ``nox -s build``'s instead; else the tests build both.
     LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm) from a
@@ -324,9 +324,8 @@ def slow(session: nox.Session) -> None:
     if "LLTM_TEST_WHEELS" not in os.environ and len(list(repaired.glob("*.whl"))) == 2:
         session.log(f"installing the wheels nox -s cibuildwheel repaired, from {repaired}")
         env["LLTM_TEST_WHEELS"] = str(repaired)
-    if os.environ.get("LLTM_NOX_DISPOSABLE") == "1" and "LLTM_TEST_VENV_CACHE" not in os.environ:
-        # Freed with the session rather than kept for the next run.
-        env["LLTM_TEST_VENV_CACHE"] = str(Path(session.create_tmp()).resolve() / "test-venvs")
+    venvs = Path.home() / ".cache" / "lltm" / "test-venvs"
+    env["LLTM_TEST_VENV_CACHE"] = str(session_cache(session, "LLTM_TEST_VENV_CACHE", venvs))
     session.run("pytest", "-m", "slow", *session.posargs, env=env)
 
 
@@ -336,7 +335,7 @@ def aarch64(session: nox.Session) -> None:
     """lltm on linux-aarch64 from an x86-64 Linux machine with nothing prepared
     (tools/machines/emulated_aarch64.py; needs root or sudo): host tools from apt,
     an arm64 Debian root with torch's aarch64 wheel (cached in
-    LLTM_ARM64_CACHE), the arm64 sources through GCC and Clang with warnings
+    LLTM_ARM64_CACHE; on CI, freed with the session), the arm64 sources through GCC and Clang with warnings
     as errors and their NEON code checked, the CPU wheel cross-compiled, and
     the core of the test suite on an emulated Neoverse N1. Flags after
     ``--`` go to pytest."""
@@ -344,9 +343,11 @@ def aarch64(session: nox.Session) -> None:
     # the root's arm64 torch of the same release).
     install_torch(session, BUILD_TORCH, *BUILD_TOOLS)
     wheels = Path(session.create_tmp()) / "wheels"
+    cache = session_cache(session, "LLTM_ARM64_CACHE", Path.home() / ".cache" / "lltm" / "arm64")
     session.run(
         "python", "-m", "tools.machines.emulated_aarch64", "--wheel-dir", str(wheels),
         *(["--", *session.posargs] if session.posargs else []),
+        env={"LLTM_ARM64_CACHE": str(cache)},
     )  # fmt: skip
 
 

@@ -5,7 +5,8 @@ version (and build: CPU-only or CUDA) from the index its setting names, and
 kept in a wheelhouse across sessions; the dependency groups of
 pyproject.toml; the Pythons of the test matrix found as nox finds them, or
 named with how to get them; fresh virtual environments for a test step;
-and, on CI, each session's environments deleted once it passes.
+and, on CI, each session's environments, and the downloads it made,
+deleted once it passes.
 """
 
 from __future__ import annotations
@@ -28,15 +29,22 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 
 
+def disposing() -> bool:
+    """LLTM_NOX_DISPOSABLE=1 (.ci/run sets it): a run on a machine it leaves
+    behind, whose disk is shared, so sessions keep nothing after them."""
+    return os.environ.get("LLTM_NOX_DISPOSABLE") == "1"
+
+
 def disposable(func: Callable[..., None]) -> Callable[..., None]:
     """With LLTM_NOX_DISPOSABLE=1, the session's directory under .nox (its
-    virtualenv, and the build trees and extra environments of its tmp/) is
-    deleted once the session passes; a failed session keeps it to look at."""
+    virtualenv, and the build trees, extra environments and downloads of its
+    tmp/) is deleted once the session passes; a failed session keeps it to
+    look at."""
 
     @functools.wraps(func)
     def run_then_free(session: nox.Session, *args: Any, **kwargs: Any) -> None:
         func(session, *args, **kwargs)
-        if os.environ.get("LLTM_NOX_DISPOSABLE") == "1":
+        if disposing():
             location = Path(session.virtualenv.location)
             session.log(f"LLTM_NOX_DISPOSABLE: deleting {location}")
             shutil.rmtree(location, ignore_errors=True)
@@ -57,11 +65,25 @@ TORCH_WHEELHOUSE = Path(
 )
 
 
+def session_cache(session: nox.Session, variable: str, default: Path) -> Path:
+    """Where a session keeps what it downloads: the folder the environment
+    variable ``variable`` names, else ``default``, kept across runs; with
+    LLTM_NOX_DISPOSABLE=1 and ``variable`` unset, a folder of the session's
+    tmp/, freed with it. A run that leaves the machine keeps nothing for a
+    next run, and what it keeps meanwhile adds up: five releases of torch
+    with their CUDA libraries are 15 GB of wheels, the arm64 root 7.5 GB."""
+    if variable in os.environ:
+        return Path(os.environ[variable])
+    if disposing():
+        return Path(session.create_tmp()).resolve() / default.name
+    return default
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """An exclusive lock on ``path`` (created if missing) for the block: nox
     processes run side by side (.ci/run starts nox -s aarch64 beside the
-    others) fill and read the same wheelhouse."""
+    others) fill and read the same wheelhouse where it is shared."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         try:
@@ -99,8 +121,9 @@ def install_torch(
     local mirror holds), and pip would otherwise "fix" a newer torch by
     installing the capped one. PIP_CONSTRAINT lifts the cap for these
     commands, where the pin says exactly what comes. torch and what it needs
-    come through TORCH_WHEELHOUSE (LLTM_TORCH_WHEELHOUSE): pip downloads only
-    the files it lacks, then installs from it alone."""
+    come through TORCH_WHEELHOUSE (LLTM_TORCH_WHEELHOUSE; on CI, the
+    session's own: session_cache): pip downloads only the files it lacks,
+    then installs from it alone."""
     env = {**(env or {}), "PIP_CONSTRAINT": os.devnull}
     external = python != "python"
     index = torch_index.pip_args(build)
@@ -108,7 +131,8 @@ def install_torch(
     # index, a CUDA build on another. Where pip's configuration decides, the
     # version's own folder.
     folder = torch_index.folder_name(build)
-    wheelhouse = TORCH_WHEELHOUSE / (f"{version}-{folder}" if folder else version)
+    wheelhouse = session_cache(session, "LLTM_TORCH_WHEELHOUSE", TORCH_WHEELHOUSE)
+    wheelhouse /= f"{version}-{folder}" if folder else version
     pip = [python, "-m", "pip"]
     # One torch wheel per CPython version; a marker per interpreter says the
     # wheelhouse holds everything it needs (pip's check alone takes ~30 s).

@@ -103,8 +103,8 @@ def keep_cpu_wheel(cache: Path, wheel: Path) -> None:
 def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: Path) -> Path:
     """Builds one variant's wheel against ``torch_version`` into ``outdir``; a
     CPU wheel already built from the same inputs, torch and Python is reused.
-    The session gets torch and the build requirements either way."""
-    install_torch(session, torch_version, *BUILD_TOOLS, build=variant)
+    A build installs torch and the build requirements into the session; a
+    reused wheel installs nothing (a CUDA build of torch is 6 GB on disk)."""
     outdir.mkdir(parents=True, exist_ok=True)
     source = source_copy(session)
     cache = None
@@ -114,6 +114,7 @@ def build_wheel(session: nox.Session, torch_version: str, variant: str, outdir: 
         if cached:
             session.log(f"reusing {cached[-1].name}, built from the same sources ({cache.name})")
             return Path(shutil.copy2(cached[-1], outdir))
+    install_torch(session, torch_version, *BUILD_TOOLS, build=variant)
     before = set(outdir.glob("*.whl"))
     env = {"LLTM_VARIANT": variant, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
     if variant == "cuda":
