@@ -60,19 +60,18 @@ def group(name: str) -> list[str]:
 # Downloaded torch wheels, kept across sessions and runs: a CUDA build of
 # torch is gigabytes, several sessions install the same one, and pip's own
 # cache does not keep such downloads on every machine.
-TORCH_WHEELHOUSE = Path(
-    os.environ.get("LLTM_TORCH_WHEELHOUSE", Path.home() / ".cache" / "lltm" / "torch-wheels")
-)
+TORCH_WHEELHOUSE = Path.home() / ".cache" / "lltm" / "torch-wheels"
 
 
 def session_cache(session: nox.Session, variable: str, default: Path) -> Path:
     """Where a session keeps what it downloads: the folder the environment
-    variable ``variable`` names, else ``default``, kept across runs; with
+    variable ``variable`` names (unset or empty: none), else ``default``,
+    kept across runs; with
     LLTM_NOX_DISPOSABLE=1 and ``variable`` unset, a folder of the session's
     tmp/, freed with it. A run that leaves the machine keeps nothing for a
     next run, and what it keeps meanwhile adds up: five releases of torch
     with their CUDA libraries are 15 GB of wheels, the arm64 root 7.5 GB."""
-    if variable in os.environ:
+    if os.environ.get(variable):
         return Path(os.environ[variable])
     if disposing():
         return Path(session.create_tmp()).resolve() / default.name
