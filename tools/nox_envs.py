@@ -66,11 +66,11 @@ TORCH_WHEELHOUSE = Path.home() / ".cache" / "lltm" / "torch-wheels"
 def session_cache(session: nox.Session, variable: str, default: Path) -> Path:
     """Where a session keeps what it downloads: the folder the environment
     variable ``variable`` names (unset or empty: none), else ``default``,
-    kept across runs; with
-    LLTM_NOX_DISPOSABLE=1 and ``variable`` unset, a folder of the session's
-    tmp/, freed with it. A run that leaves the machine keeps nothing for a
-    next run, and what it keeps meanwhile adds up: five releases of torch
-    with their CUDA libraries are 15 GB of wheels, the arm64 root 7.5 GB."""
+    kept across runs; with LLTM_NOX_DISPOSABLE=1 and ``variable`` unset, a
+    folder of the session's tmp/, freed with it. A run that leaves the
+    machine keeps nothing for a next run, and what it keeps meanwhile adds
+    up: five releases of torch with their CUDA libraries are 15 GB of
+    wheels, the arm64 root 7.5 GB."""
     if os.environ.get(variable):
         return Path(os.environ[variable])
     if disposing():
