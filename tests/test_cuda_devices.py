@@ -97,13 +97,34 @@ def test_info_shows_how_sequences_run_on_each_device():
     facts.update(
         cuda_devices=["GPU A"],
         cuda_device_problems=[""],
-        cuda_sequence_paths=[{"16x128": path}],
+        cuda_sequence_paths=[{"16x128 16-bit": path}],
     )
     lines = info.render(facts).splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("sequence 16x128 cuda:0"))
+    at = next(i for i, line in enumerate(lines) if line.startswith("sequence 16x128 16-bit cuda:0"))
     assert lines[at].endswith("forward persistent, clusters: 8 groups x 16 blocks (...)")
     assert lines[at + 1].strip() == "backward per-step (x)"
     assert info.SEQUENCE_SIZES == ((16, 128), (8, 256), (64, 512))
+
+
+def test_info_asks_the_plugin_for_float32_and_16_bit_sequences(monkeypatch):
+    # Each size in float32 and in 16 bits (the element size the rule plans
+    # by: autocast's bf16 and fp16 alike), keyed by both.
+    asked = []
+
+    def sequence_path(index, dtype, batch, state):
+        asked.append((index, dtype, batch, state))
+        return {"forward": f"{dtype}", "backward": f"{batch}x{state}"}
+
+    monkeypatch.setattr(_backends, "device_problem", lambda index: "")
+    monkeypatch.setattr(_backends, "sequence_path", sequence_path)
+    paths = info._sequence_paths(1)
+    sizes = info.SEQUENCE_SIZES
+    assert asked == [(1, torch.float32, b, s) for b, s in sizes] + [
+        (1, torch.bfloat16, b, s) for b, s in sizes
+    ]
+    assert paths["8x256 16-bit"] == {"forward": "torch.bfloat16", "backward": "8x256"}
+    assert paths["64x512 float32"] == {"forward": "torch.float32", "backward": "64x512"}
+    assert len(paths) == 2 * len(sizes)
 
 
 def test_the_sequence_path_without_a_plugin_is_unknown(monkeypatch):

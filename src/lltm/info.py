@@ -22,8 +22,11 @@ from ._version import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # (batch, state) of the sequences whose GPU path `info` shows: those of the
-# GPU benchmarks (16x32x128, 8x32x256, 64x256x512), in float32.
+# GPU benchmarks (16x32x128, 8x32x256, 64x256x512).
 SEQUENCE_SIZES = ((16, 128), (8, 256), (64, 512))
+# ... in float32 and in 16 bits, what autocast runs: the rule plans by the
+# size of an element, so bfloat16 answers for float16 too.
+SEQUENCE_DTYPES = {"float32": torch.float32, "16-bit": torch.bfloat16}
 
 
 def _target_version(code: str) -> str:
@@ -117,14 +120,18 @@ def _cpu_isa() -> tuple[str | None, str | None]:
 
 
 def _sequence_paths(index: int) -> dict[str, dict[str, str]]:
-    """How float32 sequences of SEQUENCE_SIZES run on CUDA device ``index``."""
+    """How sequences of SEQUENCE_SIZES and SEQUENCE_DTYPES run on a CUDA device.
+
+    "BxS dtype" -> {"forward": ..., "backward": ...}, for device ``index``.
+    """
     if _backends.device_problem(index):
         return {}
     paths = {}
-    for batch, state in SEQUENCE_SIZES:
-        path = _backends.sequence_path(index, torch.float32, batch, state)
-        if path is not None:
-            paths[f"{batch}x{state}"] = path
+    for name, dtype in SEQUENCE_DTYPES.items():
+        for batch, state in SEQUENCE_SIZES:
+            path = _backends.sequence_path(index, dtype, batch, state)
+            if path is not None:
+                paths[f"{batch}x{state} {name}"] = path
     return paths
 
 
@@ -162,9 +169,10 @@ def collect() -> dict[str, Any]:
         ]
         if cuda_ok
         else [],
-        # Per device: how float32 sequences of SEQUENCE_SIZES run ("BxS" ->
-        # {"forward": ..., "backward": ...}); empty where the fused kernels
-        # do not run there or the plugin cannot tell.
+        # Per device: how sequences of SEQUENCE_SIZES run in float32 and in
+        # 16 bits ("BxS float32", "BxS 16-bit" -> {"forward": ...,
+        # "backward": ...}); empty where the fused kernels do not run there
+        # or the plugin cannot tell.
         "cuda_sequence_paths": [_sequence_paths(i) for i in range(torch.cuda.device_count())]
         if cuda_ok
         else [],
