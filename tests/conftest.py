@@ -277,13 +277,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker is not None:
             reason = marker.kwargs.get("reason", "about lltm's CPU kernels alone")
             item.add_marker(pytest.mark.skip(reason=f"not a CUDA source: {reason}"))
-        elif os.environ.get("LLTM_CUDA_HOST") != "1":
-            item.add_marker(
-                pytest.mark.skip(
-                    reason="the CUDA sources built for the host run in nox -s cuda_host "
-                    "(LLTM_CUDA_HOST=1 builds and runs them anywhere)"
-                )
-            )
+        else:
+            import cuda_host
+
+            if not cuda_host.ENABLED:
+                item.add_marker(pytest.mark.skip(reason=cuda_host.SKIPPED))
 
 
 @pytest.fixture

@@ -37,13 +37,7 @@ from test_sequence import _op_args, make_sequence_inputs
 import lltm
 from lltm import _backends
 
-pytestmark = [
-    pytest.mark.cuda_host,
-    pytest.mark.skipif(
-        not cuda_host.ENABLED,
-        reason=f"the CUDA sources built for the host run in {cuda_host.WHERE}",
-    ),
-]
+pytestmark = cuda_host.ONLY
 
 
 @pytest.fixture

@@ -36,13 +36,7 @@ import torch
 from oracle import sequence_oracle
 from test_sequence import _packed_batch_sizes
 
-pytestmark = [
-    pytest.mark.cuda_host,
-    pytest.mark.skipif(
-        not cuda_host.ENABLED,
-        reason=f"the CUDA sources built for the host run in {cuda_host.WHERE}",
-    ),
-]
+pytestmark = cuda_host.ONLY
 
 # The launch modes, as the emulated GPU is set up for them: its default H100
 # takes clusters; below compute capability 9.0 there are none.

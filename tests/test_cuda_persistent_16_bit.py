@@ -43,13 +43,7 @@ from test_cuda_persistent import (
 
 import lltm
 
-pytestmark = [
-    pytest.mark.cuda_host,
-    pytest.mark.skipif(
-        not cuda_host.ENABLED,
-        reason=f"the CUDA sources built for the host run in {cuda_host.WHERE}",
-    ),
-]
+pytestmark = cuda_host.ONLY
 
 DTYPES = (torch.bfloat16, torch.float16)
 # Bounds on lltm - float64 oracle, in units of the dtype's epsilon: the RMS

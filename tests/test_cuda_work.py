@@ -35,13 +35,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import lltm
 
-pytestmark = [
-    pytest.mark.cuda_host,
-    pytest.mark.skipif(
-        not cuda_host.ENABLED,
-        reason=f"the CUDA sources built for the host run in {cuda_host.WHERE}",
-    ),
-]
+pytestmark = cuda_host.ONLY
 
 BATCH, FEATURES, STATE = 5, 3, 6
 

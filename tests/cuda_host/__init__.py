@@ -59,6 +59,10 @@ OPS = ("forward", "backward", "sequence_forward", "sequence_backward", "sequence
 NAMESPACE = "lltm_cuda_host"
 ENABLED = os.environ.get("LLTM_CUDA_HOST") == "1"
 WHERE = "nox -s cuda_host (LLTM_CUDA_HOST=1 builds and runs it anywhere)"
+SKIPPED = f"the CUDA sources built for the host run in {WHERE}"
+# The marks of a test module that runs on the host build alone:
+# ``pytestmark = cuda_host.ONLY``.
+ONLY = [pytest.mark.cuda_host, pytest.mark.skipif(not ENABLED, reason=SKIPPED)]
 HERE = Path(__file__).resolve().parent
 # The schemas, csrc/cuda's sources (sources/: each includes the emulated
 # runtime, then the CUDA file it compiles), the emulated runtime (runtime/)
@@ -126,7 +130,7 @@ def modules() -> tuple[_native.CudaLibrary, ModuleType]:
     building the library first; skips the calling test where the host build
     is not enabled."""
     if not ENABLED:
-        pytest.skip(f"the CUDA sources built for the host run in {WHERE}")
+        pytest.skip(SKIPPED)
     if not (ROOT / "csrc" / "cuda").is_dir():
         pytest.skip("csrc/cuda/ is not in this tree: the host build compiles its sources")
     library = _build()
