@@ -194,14 +194,8 @@ def built_or_reused(session: nox.Session, variant: str, outdir: Path) -> Path:
 
 
 def replay_cibuildwheel(session: nox.Session) -> None:
-    """cibuildwheel's steps for both variants, here: build, repair, audit, test.
-
-    Reads the cibuildwheel configuration (pyproject.toml for lltm,
-    tools/cibuildwheel-cuda.toml for lltm-cuda<major>). Differences from
-    CI: no manylinux container; torch comes from the local builds
-    (LLTM_BUILD_TORCH, LLTM_CUDA_TORCH) instead of torch 2.10 from the PyTorch
-    index; the CUDA wheel is reused from dist/ or built for one architecture.
-    """
+    """The steps of ``nox -s cibuildwheel`` (its docstring, in noxfile.py,
+    says how they differ from cibuildwheel's own)."""
     session.install(CIBUILDWHEEL, "auditwheel", "check-wheel-contents", "packaging", "pip>=25")
 
     # The build matrix cibuildwheel derives from the configurations: one wheel
