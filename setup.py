@@ -132,8 +132,9 @@ class BuildExtension(cpp_extension.BuildExtension):
             args = dict(args) if isinstance(args, dict) else {"cxx": list(args)}
             args["cxx"] = [*CXX_FLAGS[family], *args.get("cxx", [])]
             ext.extra_compile_args = args
-            # Named, so resolved before the compiler driver's own runtime
-            # libraries: a -static-libstdc++ then finds nothing left to add.
+            # Named by file name, so resolved before the compiler driver's
+            # own runtime libraries: a -static-libstdc++ (or a static
+            # libstdc++.a a wrapper's -B folder holds) finds nothing to add.
             ext.libraries = [*ext.libraries, *(lib for lib in runtime if lib not in ext.libraries)]
         super().build_extensions()
         for ext in self.extensions:

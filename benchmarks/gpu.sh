@@ -9,6 +9,7 @@
 #
 #   bash benchmarks/gpu.sh             # results into $OUT, else benchmarks/data/
 #   bash benchmarks/gpu.sh --dry-run   # what it would run (no GPU needed)
+#   bash benchmarks/gpu.sh --cpu-build # its first step alone: the CPU library (no GPU needed)
 #
 # Needs: python3 with a CUDA build of torch >= 2.11, nvcc (CUDA_HOME, else
 # /usr/local/cuda) of torch's CUDA major, ninja and pytest (pytest-xdist for
@@ -31,10 +32,12 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 DRY_RUN=0
+CPU_BUILD_ONLY=0
 case "${1:-}" in
   --dry-run) DRY_RUN=1 ;;
+  --cpu-build) CPU_BUILD_ONLY=1 ;;
   "") ;;
-  *) echo "usage: bash benchmarks/gpu.sh [--dry-run]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/gpu.sh [--dry-run | --cpu-build]" >&2; exit 2 ;;
 esac
 PYTHON=${PYTHON:-python3}
 JOBS=${MAX_JOBS:-$(nproc 2>/dev/null || echo 4)}
@@ -44,6 +47,12 @@ export PATH="$CUDA_HOME/bin:$PATH"
 SITE=$ROOT/build/gpu/site
 STATUS=0
 BUDGET_S=460
+CPU_BUILD_S=90
+if [[ $CPU_BUILD_ONLY == 1 ]]; then
+  # No GPU's time at stake: the build alone, as long as a small machine needs.
+  BUDGET_S=1800
+  CPU_BUILD_S=900
+fi
 START=$SECONDS
 
 say() { printf '\n=== %s\n' "$*"; }
@@ -73,6 +82,38 @@ run() {
   return $rc
 }
 
+# build_cpu_library: the CPU library in place. setup.py stops when the
+# library it linked does not share torch's C++ runtime
+# (tools/setup_helpers/cxx_runtime.py); a compiler that still cannot build a
+# sound library must not cost the GPU's few minutes: then it builds again
+# with the system's own GCC, for this build and the plugin's, and says so.
+build_cpu_library() {
+  local log=$ROOT/build/gpu/build_cpu.log status=$STATUS
+  mkdir -p "$ROOT/build/gpu"
+  run "$CPU_BUILD_S" env LLTM_VARIANT=cpu MAX_JOBS="$JOBS" "$PYTHON" setup.py -q build_ext \
+    --inplace >"$log" 2>&1
+  cat "$log"
+  if [[ $DRY_RUN == 1 ]] || ! grep -q "lltm: the library just built" "$log"; then
+    return
+  fi
+  if [[ ! -x /usr/bin/gcc || ! -x /usr/bin/g++ ]]; then
+    echo "!!! no system compiler (/usr/bin/gcc, /usr/bin/g++) to build with instead"
+    return
+  fi
+  echo "!!! ${CXX:-c++} cannot build a sound lltm here (above): building with the" \
+    "system's own compiler instead, CC=/usr/bin/gcc CXX=/usr/bin/g++"
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++
+  STATUS=$status
+  run "$CPU_BUILD_S" env LLTM_VARIANT=cpu MAX_JOBS="$JOBS" "$PYTHON" setup.py -q build_ext \
+    --inplace
+}
+
+if [[ $CPU_BUILD_ONLY == 1 ]]; then
+  say "build: the CPU library"
+  build_cpu_library
+  exit "$STATUS"
+fi
+
 # The GPU's compute capability ("9.0") and torch's CUDA major; --dry-run on
 # a machine without a GPU shows an H100's.
 if [[ $DRY_RUN == 1 ]]; then
@@ -91,7 +132,7 @@ STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 say "budget: ${BUDGET_S} s in all, on $JOBS cores"
 
 say "build: the CPU library, then the CUDA plugin for sm_${ARCH/./} only"
-run 90 env LLTM_VARIANT=cpu MAX_JOBS="$JOBS" "$PYTHON" setup.py -q build_ext --inplace
+build_cpu_library
 run 180 env LLTM_VARIANT=cuda TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$JOBS" \
   "$PYTHON" setup.py -q build_ext --inplace
 # The in-place plugin (src/lltm_cuda/lib/lltm_cuda.so) as the package

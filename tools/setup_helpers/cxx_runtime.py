@@ -20,9 +20,10 @@ constraint.
 So setup.py does two things (:func:`link_libraries`, :func:`check_library`):
 
 * it links the shared C++ runtime libraries that torch's ``libtorch_cpu``
-  needs, by name, ahead of anything the compiler driver adds: a later
-  ``-static-libstdc++`` then finds every symbol already resolved and adds
-  nothing (GCC and Clang on Linux; macOS has only the shared libc++, and
+  needs, by file name (``-l:libstdc++.so.6``), ahead of anything the
+  compiler driver adds: a later ``-static-libstdc++``, or a static
+  ``libstdc++.a`` in a compiler wrapper's ``-B`` folder, then finds every
+  symbol already resolved and adds nothing (GCC and Clang on Linux; macOS has only the shared libc++, and
   MSVC's ``/MD``, setuptools' default, is the runtime DLL torch uses);
 * after linking, it checks the library: on ELF platforms, that it defines
   none of the runtime's own symbols and needs the runtime torch needs, and
@@ -30,6 +31,9 @@ So setup.py does two things (:func:`link_libraries`, :func:`check_library`):
   of its kernels reaches Python as lltm's tagged error, in a subprocess, so
   that a crash fails the build with the reason instead of a user's
   interpreter at run time.
+
+Both read ELF headers (torch's ``libtorch_cpu``, the library just linked)
+with tools/setup_helpers/elf_headers.py, which needs nothing installed.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from tools.setup_helpers import elf_headers
 
 # The libraries of a C++ runtime, by soname: lltm must need the ones torch
 # needs, and no other.
@@ -81,52 +87,26 @@ def torch_library_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "lib"
 
 
-def _have_pyelftools() -> bool:
-    try:
-        import elftools  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _elf_needed(path: Path) -> list[str] | None:
-    """The DT_NEEDED entries of the ELF file ``path``, or None if it is no ELF
-    file (or pyelftools, a build requirement, is missing: a build without
-    isolation in an environment that lacks it)."""
-    if not _have_pyelftools():
-        return None
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.dynamic import DynamicSection
-    from elftools.elf.elffile import ELFFile
-
-    try:
-        with path.open("rb") as stream:
-            elf = ELFFile(stream)
-            return [
-                tag.needed
-                for section in elf.iter_sections()
-                if isinstance(section, DynamicSection)
-                for tag in section.iter_tags()
-                if tag.entry.d_tag == "DT_NEEDED"
-            ]
-    except ELFError:
-        return None
-
-
 def torch_runtime() -> list[str]:
     """The C++ runtime libraries torch's libtorch_cpu needs (Linux), e.g.
     ``["libstdc++.so.6", "libgcc_s.so.1"]``; [] where it is no ELF file."""
-    needed = _elf_needed(torch_library_dir() / "libtorch_cpu.so")
-    return [name for name in needed or [] if name in RUNTIME_SONAMES]
+    torch_cpu = elf_headers.read(torch_library_dir() / "libtorch_cpu.so", symbols=False)
+    return [name for name in (torch_cpu.needed if torch_cpu else ()) if name in RUNTIME_SONAMES]
 
 
 def link_libraries() -> list[str]:
-    """The libraries (``-l`` names) to link so that the library's C++ runtime
-    is torch's: on Linux the shared runtime libtorch_cpu needs."""
+    """The libraries to link (setuptools' ``libraries``, each given to the
+    linker as ``-l<name>``) so that the library's C++ runtime is torch's: on
+    Linux the shared runtime libtorch_cpu needs, by its file name.
+
+    ``-l:libstdc++.so.6`` (GNU ld, gold and lld look the exact name up in
+    every folder) rather than ``-lstdc++``: a compiler wrapper whose ``-B``
+    folder holds a static ``libstdc++.a`` answers ``-lstdc++`` with that
+    archive before the system's shared library is ever looked at, and the
+    library then carries a private runtime."""
     if not sys.platform.startswith("linux"):
         return []
-    names = {"libstdc++.so.6": "stdc++", "libgcc_s.so.1": "gcc_s", "libc++.so.1": "c++"}
-    return [names[soname] for soname in torch_runtime() if soname in names]
+    return [":" + soname for soname in torch_runtime()]
 
 
 def requested_static_runtime(environ: dict[str, str] | None = None) -> list[str]:
@@ -145,24 +125,11 @@ def requested_static_runtime(environ: dict[str, str] | None = None) -> list[str]
 def static_problems(library: Path) -> list[str]:
     """What the ELF file ``library`` shows of a private C++ runtime ([] if
     none, or if it is no ELF file: macOS, Windows)."""
-    needed = _elf_needed(library)
-    if needed is None:
+    elf = elf_headers.read(library)
+    if elf is None:
         return []
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
     problems = []
-    with library.open("rb") as stream:
-        elf = ELFFile(stream)
-        defined = sorted(
-            {
-                symbol.name
-                for section in elf.iter_sections()
-                if isinstance(section, SymbolTableSection)
-                for symbol in section.iter_symbols()
-                if symbol["st_shndx"] != "SHN_UNDEF" and RUNTIME_SYMBOL.match(symbol.name)
-            }
-        )
+    defined = sorted(name for name in elf.defined if RUNTIME_SYMBOL.match(name))
     if defined:
         rank = {name: i for i, name in enumerate(TELLING_SYMBOLS)}
         defined.sort(key=lambda name: (rank.get(name, len(rank)), name))
@@ -171,7 +138,7 @@ def static_problems(library: Path) -> list[str]:
         )
         problems.append(f"it carries a copy of the C++ runtime of its own (it defines {shown})")
     wanted = torch_runtime()
-    runtime = [name for name in needed if name in RUNTIME_SONAMES]
+    runtime = [name for name in elf.needed if name in RUNTIME_SONAMES]
     missing = [name for name in wanted if name not in runtime]
     foreign = [name for name in runtime if name not in wanted]
     if missing:
@@ -217,23 +184,13 @@ EXPECTED = "lltm: [ValueError] input has input_features = 5; the weights expect 
 
 def _runs_here(library: Path) -> bool:
     """False for a library built for another processor (a cross build)."""
-    if not _have_pyelftools():
-        return True
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    machines = {
-        "x86_64": "EM_X86_64",
-        "amd64": "EM_X86_64",
-        "aarch64": "EM_AARCH64",
-        "arm64": "EM_AARCH64",
-    }
-    try:
-        with library.open("rb") as stream:
-            built_for = ELFFile(stream)["e_machine"]
-    except ELFError:
+    elf = elf_headers.read(library, symbols=False)
+    if elf is None:
         return True  # not ELF: built by the platform's own toolchain, for it
-    return machines.get(platform.machine().lower(), built_for) == built_for
+    here = platform.machine().lower()
+    here = {"amd64": "x86_64", "arm64": "aarch64"}.get(here, here)
+    # A processor the reader does not name is taken to be this one's.
+    return here not in elf_headers.MACHINES.values() or elf.machine == here
 
 
 def load_problem(library: Path, variant: str, ops_source: Path) -> str | None:
@@ -268,8 +225,6 @@ def check_library(library: Path, variant: str, ops_source: Path, log=print) -> N
     """Stops the build (RuntimeMismatch) when ``library`` does not share
     torch's C++ runtime or its errors do not reach Python whole."""
     problems = static_problems(library)
-    if not _have_pyelftools():
-        log("lltm: pyelftools is not installed: the library's ELF headers are not read")
     if _runs_here(library):
         problem = load_problem(library, variant, ops_source)
         if problem:
