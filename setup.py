@@ -90,6 +90,18 @@ CXX_FLAGS = {
     # too); with /std: given, torch adds no /std:c++20 of its own.
     "msvc": ["/O2", "/std:c++17"],
 }
+
+
+def cxx_flags(family: str) -> list[str]:
+    """CXX_FLAGS[family], without its optimisation level where CFLAGS sets
+    one: CFLAGS comes first on the compiler's command line, and the last -O
+    wins (a sanitized build, nox -s sanitize, asks for -O1)."""
+    chosen = os.environ.get("CFLAGS", "").split()
+    if family == "unix" and any(re.fullmatch(r"-O[0-3sgz]?|-Ofast", w) for w in chosen):
+        return [f for f in CXX_FLAGS[family] if not f.startswith("-O")]
+    return CXX_FLAGS[family]
+
+
 BUILD_OPTIONS = {
     # One build tree per variant: a wheel never picks up the other's files.
     "build": {"build_base": f"build/{VARIANT}"},
@@ -130,7 +142,7 @@ class BuildExtension(cpp_extension.BuildExtension):
         for ext in self.extensions:
             args = ext.extra_compile_args
             args = dict(args) if isinstance(args, dict) else {"cxx": list(args)}
-            args["cxx"] = [*CXX_FLAGS[family], *args.get("cxx", [])]
+            args["cxx"] = [*cxx_flags(family), *args.get("cxx", [])]
             ext.extra_compile_args = args
             # Named, so resolved before the compiler driver's own runtime
             # libraries: a -static-libstdc++ then finds nothing left to add.

@@ -34,6 +34,9 @@ needs_sources = pytest.mark.skipif(
 
 
 def _helper() -> dict:
+    # It imports its sibling helpers as setup.py does: from the source tree's root.
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
     return runpy.run_path(str(HELPER))
 
 
