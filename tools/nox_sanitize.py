@@ -58,7 +58,8 @@ def flags() -> list[str]:
 
 def build_environment() -> dict[str, str]:
     """CFLAGS and LDFLAGS of the sanitized CPU build, after the environment's
-    own (setup.py leaves out its -O3 where CFLAGS has a level)."""
+    own (setup.py leaves out its -O3 where CFLAGS asks for a sanitizer and
+    has a level)."""
     return {
         "CFLAGS": " ".join([os.environ.get("CFLAGS", ""), *flags()]).strip(),
         "LDFLAGS": " ".join([os.environ.get("LDFLAGS", ""), sanitizers.FLAGS[0]]).strip(),
