@@ -28,6 +28,7 @@ ROOT = Path(__file__).parent.resolve()
 # The project's tooling is the package tools/ of this directory, which nox
 # (loading this file by its path) does not put on sys.path.
 sys.path.insert(0, str(ROOT))
+from tools import nox_sanitize  # noqa: E402
 from tools.cibw_config import linux_options as cibw_options  # noqa: E402
 from tools.core_tests import core  # noqa: E402
 from tools.nox_envs import (  # noqa: E402
@@ -216,6 +217,68 @@ def cuda_host(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+# The host build's tests the sanitize session runs: the emulation itself,
+# and the CUDA kernels on it (the persistent ones in every plan, both
+# widths; the per-step and pointwise ones), forward and backward, at odd
+# sizes; and the fuzz's quick profile against them (every dtype and layout).
+SANITIZED_CUDA_HOST_TESTS = [
+    "tests/test_cuda_host.py",
+    "tests/test_cuda_persistent.py",
+    "tests/test_cuda_persistent_16_bit.py",
+    "tests/test_cuda_work.py",
+    "tests/test_fuzz.py",
+]
+
+
+@nox.session(python=PYTHONS[0])
+@disposable
+def sanitize(session: nox.Session) -> None:
+    """lltm's kernels under AddressSanitizer and UBSan (tools/nox_sanitize.py):
+    the CPU library built with the sanitizers (from a copy of the tree: the
+    checkout's own build is left alone), the core of the suite
+    (tools/core_tests.py: every kernel, dtype and layout; the fuzz's quick
+    profile) under each instruction set this machine has; then the CUDA
+    sources built for the host with them, and their tests (every plan,
+    forward and backward). Every test in an interpreter started with the
+    sanitizers' runtimes: any report fails it. Arguments after ``--`` go to
+    every pytest run."""
+    run_env = nox_sanitize.environment(session)
+    install_torch(session, BUILD_TORCH, *group("test"))
+    tree = source_copy(session)
+    jobs = os.environ.get("MAX_JOBS", "2")
+    # The build's own check loads the library under the same runtimes.
+    session.run(
+        "python", "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
+        str(tree), env={**nox_sanitize.build_environment(), "LLTM_VARIANT": "cpu", "MAX_JOBS": jobs},
+    )  # fmt: skip
+    session.run("python", "-m", "lltm", "info", env=run_env)
+    isas = nox_sanitize.isas(session, run_env)
+    session.log(f"LLTM_CPU_ISA: {', '.join(isas)}")
+    for isa in isas:
+        session.run(
+            "pytest", *TEST_WORKERS, "-p", "no:cacheprovider", "-m", f"{SUITE} and not cuda_host",
+            *core(platform.machine()), *session.posargs, env={**run_env, "LLTM_CPU_ISA": isa},
+        )  # fmt: skip
+    host_env = {
+        **run_env, "LLTM_CUDA_HOST": "1", "MAX_JOBS": jobs,
+        "LLTM_CUDA_HOST_CFLAGS": " ".join(nox_sanitize.flags()),
+    }  # fmt: skip
+    # Built first, once (minutes), rather than in the first test of a worker.
+    session.run(
+        "python", "-c", "import sys; sys.path.insert(0, 'tests'); import cuda_host; "
+        "print(cuda_host.modules()[0].path)", env=host_env,
+    )  # fmt: skip
+    session.run(
+        "pytest", *TEST_WORKERS, "-p", "no:cacheprovider", "-m", "cuda_host",
+        *SANITIZED_CUDA_HOST_TESTS, *session.posargs, env=host_env,
+    )  # fmt: skip
+    # Teeth: an overrun planted in a copy of each is reported by file and line.
+    session.run(
+        "pytest", "-p", "no:cacheprovider", "-m", "slow", "tests/test_sanitizers.py",
+        *session.posargs, env={**run_env, "MAX_JOBS": jobs},
+    )  # fmt: skip
+
+
 @nox.session(python=PYTHONS[0])
 @disposable
 def lint(session: nox.Session) -> None:
@@ -326,7 +389,10 @@ def slow(session: nox.Session) -> None:
         env["LLTM_TEST_WHEELS"] = str(repaired)
     venvs = Path.home() / ".cache" / "lltm" / "test-venvs"
     env["LLTM_TEST_VENV_CACHE"] = str(session_cache(session, "LLTM_TEST_VENV_CACHE", venvs))
-    session.run("pytest", "-m", "slow", *session.posargs, env=env)
+    # tests/test_sanitizers.py's slow tests run in nox -s sanitize.
+    session.run(
+        "pytest", "-m", "slow", "--ignore=tests/test_sanitizers.py", *session.posargs, env=env
+    )  # fmt: skip
 
 
 @nox.session(python=PYTHONS[0])

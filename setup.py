@@ -90,6 +90,22 @@ CXX_FLAGS = {
     # too); with /std: given, torch adds no /std:c++20 of its own.
     "msvc": ["/O2", "/std:c++17"],
 }
+
+
+def cxx_flags(family: str) -> list[str]:
+    """CXX_FLAGS[family]; without its -O3 where CFLAGS asks for a sanitizer
+    and sets a level of its own (nox -s sanitize: -O1), which -O3, coming
+    after CFLAGS on the compiler's command line, would override: ASan's
+    instrumentation makes -O3's compile of the sequence kernels three times
+    as long. Other builds keep -O3 whatever CFLAGS says (a conda build's
+    CFLAGS has -O2)."""
+    chosen = os.environ.get("CFLAGS", "").split()
+    sanitized = any(w.startswith("-fsanitize=") for w in chosen)
+    if family == "unix" and sanitized and any(re.fullmatch(r"-O[0-3sgz]?", w) for w in chosen):
+        return [f for f in CXX_FLAGS[family] if not f.startswith("-O")]
+    return CXX_FLAGS[family]
+
+
 BUILD_OPTIONS = {
     # One build tree per variant: a wheel never picks up the other's files.
     "build": {"build_base": f"build/{VARIANT}"},
@@ -130,7 +146,7 @@ class BuildExtension(cpp_extension.BuildExtension):
         for ext in self.extensions:
             args = ext.extra_compile_args
             args = dict(args) if isinstance(args, dict) else {"cxx": list(args)}
-            args["cxx"] = [*CXX_FLAGS[family], *args.get("cxx", [])]
+            args["cxx"] = [*cxx_flags(family), *args.get("cxx", [])]
             ext.extra_compile_args = args
             # Named by file name, so resolved before the compiler driver's
             # own runtime libraries: a -static-libstdc++ (or a static

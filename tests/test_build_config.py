@@ -52,3 +52,23 @@ def test_newest_toolkit_of_each_major_gets_the_whole_list(setup_py):
     # against DEFAULT_ARCH_LIST) are those of the newest toolkits.
     for major, archs in setup_py["DEFAULT_ARCH_LIST"].items():
         assert setup_py["default_arch_list"](major, 9) == archs
+
+
+@pytest.mark.parametrize(
+    ("cflags", "expected"),
+    [
+        (None, ["-O3", "-std=c++17", "-fdiagnostics-color=always"]),
+        # A packager's level does not lower lltm's (a conda build's CFLAGS).
+        ("-O2 -fPIC", ["-O3", "-std=c++17", "-fdiagnostics-color=always"]),
+        # A sanitized build's does (nox -s sanitize), else -O3 would override it.
+        ("-fsanitize=address -O1", ["-std=c++17", "-fdiagnostics-color=always"]),
+        ("-fsanitize=address", ["-O3", "-std=c++17", "-fdiagnostics-color=always"]),
+    ],
+)
+def test_only_a_sanitized_build_sets_its_own_optimisation(setup_py, monkeypatch, cflags, expected):
+    if cflags is None:
+        monkeypatch.delenv("CFLAGS", raising=False)
+    else:
+        monkeypatch.setenv("CFLAGS", cflags)
+    assert setup_py["cxx_flags"]("unix") == expected
+    assert setup_py["cxx_flags"]("msvc") == ["/O2", "/std:c++17"]

@@ -41,6 +41,7 @@ def check_sdist(archive: Path) -> None:
         "tools/__init__.py", "tools/setup_helpers/__init__.py",
         "tools/setup_helpers/source_build.py", "tools/setup_helpers/cxx_runtime.py",
         "tools/setup_helpers/elf_headers.py",
+        "tools/setup_helpers/sanitizers.py",
         "src/lltm/__init__.py", "src/lltm/_C.py", "src/lltm/py.typed",
         "src/lltm_cuda/__init__.py", "src/lltm_cuda/_C.py",
     }  # fmt: skip

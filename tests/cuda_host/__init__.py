@@ -31,13 +31,16 @@ modules, autograd, ``torch.compile``, ``torch.library.opcheck``, the fuzzer;
 the tests run unchanged (conftest.py's ``kernels`` fixture).
 
 Built only where ``LLTM_CUDA_HOST=1`` (``nox -s cuda_host`` sets it), into
-build/cuda_host/ of the source tree; never part of a wheel, an sdist's build
-or the conda package.
+build/cuda_host/ of the source tree (with the flags of
+``LLTM_CUDA_HOST_CFLAGS`` added, as ``nox -s sanitize`` adds the sanitizers',
+into a folder of their own); never part of a wheel, an sdist's build or the
+conda package.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -63,16 +66,6 @@ SKIPPED = f"the CUDA sources built for the host run in {WHERE}"
 # The marks of a test module that runs on the host build alone:
 # ``pytestmark = cuda_host.ONLY``.
 ONLY = [pytest.mark.cuda_host, pytest.mark.skipif(not ENABLED, reason=SKIPPED)]
-HERE = Path(__file__).resolve().parent
-# The schemas, csrc/cuda's sources (sources/: each includes the emulated
-# runtime, then the CUDA file it compiles), the emulated runtime (runtime/)
-# and the Python module `emulation` with its probe kernels (emulation/).
-SOURCES = [
-    ROOT / "csrc/lltm_ops.cpp",
-    *sorted((HERE / "sources").glob("*.cpp")),
-    *sorted((HERE / "runtime").glob("*.cpp")),
-    *sorted((HERE / "emulation").glob("*.cpp")),
-]
 
 
 def _setup_constant(name: str) -> str:
@@ -82,13 +75,28 @@ def _setup_constant(name: str) -> str:
     return match.group(1)
 
 
-@cache
-def _build() -> Path:
+# Flags added to the build's (nox -s sanitize: the sanitizers'); a build
+# with others has a folder of its own.
+EXTRA_FLAGS = os.environ.get("LLTM_CUDA_HOST_CFLAGS", "").split()
+
+
+def build(root: Path, extra_flags: list[str], directory: Path) -> Path:
+    """Builds the library of the tree at ``root`` (its csrc/ and
+    tests/cuda_host/) into ``directory``, with ``extra_flags`` after the
+    build's own, and loads it into this process."""
     from torch.utils import cpp_extension
 
-    version = lltm.__version__
-    build = ROOT / "build" / "cuda_host"
-    build.mkdir(parents=True, exist_ok=True)
+    here = root / "tests" / "cuda_host"
+    # The schemas, csrc/cuda's sources (sources/: each includes the emulated
+    # runtime, then the CUDA file it compiles), the emulated runtime (runtime/)
+    # and the Python module `emulation` with its probe kernels (emulation/).
+    sources = [
+        root / "csrc/lltm_ops.cpp",
+        *sorted((here / "sources").glob("*.cpp")),
+        *sorted((here / "runtime").glob("*.cpp")),
+        *sorted((here / "emulation").glob("*.cpp")),
+    ]
+    directory.mkdir(parents=True, exist_ok=True)
     flags = [
         "-O2",
         "-std=c++17",
@@ -98,21 +106,47 @@ def _build() -> Path:
         f"-DLLTM_OPS_NAMESPACE={NAMESPACE}",
         # The plugin's own rules: the stable ABI of the oldest torch it supports.
         f"-DTORCH_TARGET_VERSION={_setup_constant('TORCH_TARGET_VERSION')}",
-        f"-DLLTM_VERSION={version}",
+        f"-DLLTM_VERSION={lltm.__version__}",
         "-DLLTM_CUDA_ARCHS=host",
+        *extra_flags,
     ]
-    return Path(
-        cpp_extension.load(
-            name=NAMESPACE,
-            sources=[str(s) for s in SOURCES],
-            extra_cflags=flags,
-            # `#include "cuda/lltm_cuda.cu"`, "lltm_library.h": csrc's own paths.
-            extra_include_paths=[str(ROOT / "csrc")],
-            build_directory=str(build),
-            is_python_module=False,  # loads the library: the ops register
-            verbose=os.environ.get("LLTM_CUDA_HOST_VERBOSE") == "1",
+    with _compilers_without_preload():
+        return Path(
+            cpp_extension.load(
+                name=NAMESPACE,
+                sources=[str(s) for s in sources],
+                extra_cflags=flags,
+                # A sanitizer's runtime is linked as it is compiled for.
+                extra_ldflags=[f for f in extra_flags if f.startswith("-fsanitize")],
+                # `#include "cuda/lltm_cuda.cu"`, "lltm_library.h": csrc's own paths.
+                extra_include_paths=[str(root / "csrc")],
+                build_directory=str(directory),
+                is_python_module=False,  # loads the library: the ops register
+                verbose=os.environ.get("LLTM_CUDA_HOST_VERBOSE") == "1",
+            )
         )
-    )
+
+
+@contextlib.contextmanager
+def _compilers_without_preload() -> Iterator[None]:
+    """The compilers a build runs start without this process's LD_PRELOAD: a
+    process under the sanitizers (nox -s sanitize) has their runtimes loaded
+    already, and the compilers, no programs of lltm's, need none of it."""
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        yield
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
+
+
+@cache
+def _build() -> Path:
+    folder = "cuda_host"
+    if EXTRA_FLAGS:
+        digest = hashlib.sha256(" ".join(EXTRA_FLAGS).encode()).hexdigest()[:12]
+        folder = f"cuda_host-{digest}"
+    return build(ROOT, EXTRA_FLAGS, ROOT / "build" / folder)
 
 
 def _module(name: str, library: Path) -> ModuleType:

@@ -47,7 +47,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.setup_helpers import elf_headers
+from tools.setup_helpers import elf_headers, sanitizers
 
 # The libraries of a C++ runtime, by soname: lltm must need the ones torch
 # needs, and no other.
@@ -75,6 +75,11 @@ FIX = (
 
 class RuntimeMismatch(SystemExit):
     """The library just built would crash, or garble, lltm's errors."""
+
+
+class UnloadableLibrary(SystemExit):
+    """The library just built fails its check for a reason other than its C++
+    runtime: it does not load, or a sanitizer stops it."""
 
 
 def torch_library_dir() -> Path:
@@ -163,7 +168,12 @@ if variant == "cuda":
     lib = torch.library.Library("lltm", "DEF")
     for call in re.findall(r'm\.def\(((?:\s*"[^"]*")+)\s*\)', body):
         lib.define("".join(re.findall(r'"([^"]*)"', call)))
-torch.ops.load_library(library)
+try:
+    torch.ops.load_library(library)
+except OSError as error:
+    # torch's message names the file; the loader's, chained to it, says why.
+    print(json.dumps({"unloadable": str(error.__cause__ or error)}))
+    sys.exit(0)
 args = (torch.randn(2, 5), torch.randn(12, 7), torch.randn(12), torch.randn(2, 4), torch.randn(2, 4))
 op = torch.ops.lltm.forward.default
 try:
@@ -193,48 +203,94 @@ def _runs_here(library: Path) -> bool:
     return here not in elf_headers.MACHINES.values() or elf.machine == here
 
 
-def load_problem(library: Path, variant: str, ops_source: Path) -> str | None:
-    """Loads ``library`` in a fresh interpreter and has one of its kernels
-    refuse a bad argument; what went wrong, or None when Python saw lltm's
-    error, whole."""
+def _sanitizer_runtimes(library: Path) -> list[str]:
+    """The sanitizer runtimes ``library`` needs, in the order they are preloaded."""
+    elf = elf_headers.read(library, symbols=False)
+    return sanitizers.runtimes(list(elf.needed) if elf else [])
+
+
+def _probe(library: Path, variant: str, ops_source: Path) -> tuple[str | None, bool]:
+    """What went wrong loading ``library`` and calling a kernel with a bad
+    argument (None: nothing), and whether it is the C++ runtime's doing.
+    A sanitized build is loaded under its sanitizers' runtimes
+    (sanitizers.py): without them it cannot load into an interpreter at all."""
+    preload = _sanitizer_runtimes(library)
+    env = sanitizers.environment([sanitizers.locate(name) for name in preload]) if preload else None
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, str(library), variant, str(ops_source)],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True, text=True, timeout=600, check=False, env=env,
     )  # fmt: skip
+    found = sanitizers.report(result.stderr)
+    if found is not None:
+        # A report, or a runtime that did not start: the sanitizer's own words.
+        lines = found.strip().splitlines()
+        shown = " / ".join(lines[:6]) + (" / ..." if len(lines) > 6 else "")
+        return f"a sanitizer stopped the check's interpreter: {shown}", False
+    tail = " / ".join(result.stderr.strip().splitlines()[-3:])
     if result.returncode < 0:
         name = signal.Signals(-result.returncode).name
-        tail = " / ".join(result.stderr.strip().splitlines()[-3:])
-        return f"a kernel's argument error killed the interpreter ({name}){': ' + tail if tail else ''}"
-    if result.returncode != 0:
-        tail = " / ".join(result.stderr.strip().splitlines()[-3:])
         return (
-            f"the library could not be loaded and called (exit status {result.returncode}): {tail}"
+            f"a kernel's argument error killed the interpreter ({name}){': ' + tail if tail else ''}",
+            True,
         )
+    if result.returncode != 0:
+        # An exception in Python: the library did not load (an undefined
+        # symbol, a missing library), which no C++ runtime flag explains.
+        return f"it could not be loaded and called (exit status {result.returncode}): {tail}", False
     seen = json.loads(result.stdout.strip().splitlines()[-1])
+    if "unloadable" in seen:
+        return f"it cannot be loaded: {seen['unloadable']}", False
     if seen["raised"] is None:
-        return "a bad argument raised nothing"
+        return "a bad argument raised nothing", True
     if EXPECTED not in seen["message"]:
         return (
             f"a bad argument reached Python as {seen['raised']}({seen['message'][:200]!r}), "
             f"not lltm's message ({EXPECTED!r} expected)"
-        )
-    return None
+        ), True
+    return None, False
+
+
+def load_problem(library: Path, variant: str, ops_source: Path) -> str | None:
+    """Loads ``library`` in a fresh interpreter (under its sanitizers'
+    runtimes, for a sanitized build) and has one of its kernels refuse a bad
+    argument; what went wrong, or None when Python saw lltm's error, whole."""
+    return _probe(library, variant, ops_source)[0]
 
 
 def check_library(library: Path, variant: str, ops_source: Path, log=print) -> None:
-    """Stops the build (RuntimeMismatch) when ``library`` does not share
-    torch's C++ runtime or its errors do not reach Python whole."""
+    """Stops the build when ``library`` does not share torch's C++ runtime or
+    its errors do not reach Python whole (RuntimeMismatch), or when it cannot
+    be loaded for another reason (UnloadableLibrary, which names it)."""
     problems = static_problems(library)
+    other = None
     if _runs_here(library):
-        problem = load_problem(library, variant, ops_source)
-        if problem:
+        problem, runtime_cause = _probe(library, variant, ops_source)
+        if problem and runtime_cause:
             problems.append(problem)
+        other = None if runtime_cause else problem
         checked = "its C++ runtime is torch's, and a kernel's error reaches Python whole"
+        preload = _sanitizer_runtimes(library)
+        if preload:
+            checked += f" (under the sanitizers' runtimes: LD_PRELOAD of {', '.join(preload)})"
     else:
         checked = "its C++ runtime is torch's (built for another processor: not loaded here)"
-    if not problems:
+    if not problems and not other:
         log(f"lltm: checked {library.name}: {checked}")
         return
+    if not problems:
+        sanitized = sanitizers.requested()
+        asked = (
+            f" The build's flags ask for a sanitizer ({', '.join(sanitized)}): a sanitized "
+            "library loads into an interpreter started with the sanitizer's runtime first "
+            "in LD_PRELOAD (CONTRIBUTING.md, nox -s sanitize)."
+            if sanitized
+            else ""
+        )
+        raise UnloadableLibrary(
+            f"lltm: the library just built, {library}, failed its check: {other}.{asked}"
+        )
+    if other:
+        problems.append(other)
     flags = requested_static_runtime()
     asked = (
         f" The build's environment asks for a private runtime: {', '.join(flags)}."

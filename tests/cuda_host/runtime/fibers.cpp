@@ -12,6 +12,21 @@
 #include <unistd.h>
 #endif
 
+#if defined(__SANITIZE_ADDRESS__)
+#define LLTM_CUDA_HOST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LLTM_CUDA_HOST_ASAN 1
+#endif
+#endif
+#ifndef LLTM_CUDA_HOST_ASAN
+#define LLTM_CUDA_HOST_ASAN 0
+#endif
+#if LLTM_CUDA_HOST_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -123,6 +138,58 @@ void jump(Context& from, const Context& to, bool assembly) {
   if (swapcontext(from.uc, to.uc) != 0) fault("swapcontext failed");
 }
 
+// --- AddressSanitizer ------------------------------------------------------------------------
+//
+// Under ASan (nox -s sanitize) every switch is announced to it: it keeps the
+// bounds of the stack in use, which it needs to unwind an exception thrown on
+// a fiber's stack (a fault, a cancelled thread) and to keep the shadow of a
+// stack the next fibers reuse clean. Each block's shared memory is followed
+// by a poisoned gap, so that a kernel that indexes past its dynamic shared
+// memory is reported where it does, rather than reading its neighbour's.
+// Without ASan these are nothing.
+
+#if LLTM_CUDA_HOST_ASAN
+constexpr std::size_t kSharedRedzone = 64;
+#else
+constexpr std::size_t kSharedRedzone = 0;
+#endif
+
+// Before a switch to the stack [bottom, bottom + size); `fake_stack` keeps
+// the current stack's ASan state until it is resumed (null: it never is).
+void start_switch(void** fake_stack, const void* bottom, std::size_t size) {
+#if LLTM_CUDA_HOST_ASAN
+  __sanitizer_start_switch_fiber(fake_stack, bottom, size);
+#else
+  (void)fake_stack, (void)bottom, (void)size;
+#endif
+}
+
+// On the stack switched to; `bottom` and `size` (if not null) receive the
+// bounds of the stack switched from.
+void finish_switch(void* fake_stack, const void** bottom, std::size_t* size) {
+#if LLTM_CUDA_HOST_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, bottom, size);
+#else
+  (void)fake_stack, (void)bottom, (void)size;
+#endif
+}
+
+void mark_unusable(const void* begin, std::size_t bytes) {
+#if LLTM_CUDA_HOST_ASAN
+  ASAN_POISON_MEMORY_REGION(begin, bytes);
+#else
+  (void)begin, (void)bytes;
+#endif
+}
+
+void mark_usable(const void* begin, std::size_t bytes) {
+#if LLTM_CUDA_HOST_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(begin, bytes);
+#else
+  (void)begin, (void)bytes;
+#endif
+}
+
 // --- Stacks ---------------------------------------------------------------------------------
 //
 // 256 KiB of address space each, mapped 64 at a time without reserving
@@ -161,7 +228,12 @@ class StackPool {
     return stack;
   }
 
-  void release(unsigned char* stack) { free_.push_back(stack); }
+  void release(unsigned char* stack) {
+    // What ASan knows of the frames left on it (a fiber never returns from
+    // its first frame) goes with them.
+    mark_usable(stack, kStackBytes);
+    free_.push_back(stack);
+  }
 
   static bool intact(const unsigned char* stack) {
     const auto* words = reinterpret_cast<const uint64_t*>(stack);
@@ -213,6 +285,7 @@ struct Fiber {
   State state = State::kNew;
   BarrierKind waiting = BarrierKind::kBlock;
   bool cancelled = false;
+  void* fake_stack = nullptr;  // ASan's, while it waits
 };
 
 struct Barrier {
@@ -251,6 +324,10 @@ struct Unit {
   std::vector<uint32_t> ready, next;  // this round's fibers, and the next round's
   Context scheduler;
   ucontext_t scheduler_context;
+  // The launching thread's stack, as ASan gives it to the first fiber.
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_bottom = nullptr;
+  std::size_t scheduler_size = 0;
   std::size_t done = 0;
   std::exception_ptr error;
 };
@@ -276,6 +353,7 @@ void poison(unsigned char* arena, std::size_t bytes) { std::memset(arena, 0xff, 
 
 [[noreturn]] void fiber_main(Fiber* fiber) {
   Unit& unit = *current.unit;
+  finish_switch(nullptr, &unit.scheduler_bottom, &unit.scheduler_size);
   try {
     unit.call->invoke(unit.call->context);
   } catch (const Cancelled&) {
@@ -284,6 +362,7 @@ void poison(unsigned char* arena, std::size_t bytes) { std::memset(arena, 0xff, 
     if (!unit.error) unit.error = std::current_exception();
   }
   fiber->state = State::kDone;
+  start_switch(nullptr, unit.scheduler_bottom, unit.scheduler_size);
   jump(fiber->context, unit.scheduler, unit.assembly);
   std::abort();  // a finished fiber is never resumed
 }
@@ -452,7 +531,9 @@ void resume(Unit& unit, uint32_t index) {
   threadIdx = fiber.thread;
   blockIdx = unit.blocks[fiber.block].index;
   current.fiber = &fiber;
+  start_switch(&unit.scheduler_fake_stack, fiber.stack, kStackBytes);
   jump(unit.scheduler, fiber.context, unit.assembly);
+  finish_switch(unit.scheduler_fake_stack, nullptr, nullptr);
   current.fiber = nullptr;
   // A kernel's frames are largest from its start (local arrays): checked
   // then, and at its end, not at every switch (another cache miss each).
@@ -509,10 +590,16 @@ void build_unit(Unit& unit, const std::vector<uint3>& blocks) {
   const FiberLaunch& launch = *unit.launch;
   const uint32_t threads = block_threads(launch);
   const dim3 c = launch.cluster;
-  const std::size_t arena = (launch.shared_bytes + 15) / 16 * 16;
+  const std::size_t arena = (launch.shared_bytes + 15) / 16 * 16 + kSharedRedzone;
+  // The last unit's gaps were marked unusable: the bytes are written anew.
+  mark_usable(unit.shared.data(), unit.shared.capacity());
   unit.shared.assign(arena * blocks.size() + 16, 0xff);
   auto* base = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(unit.shared.data()) + 15) / 16 * 16);
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    unsigned char* end = base + arena * b + launch.shared_bytes;
+    mark_unusable(end, base + arena * (b + 1) - end);
+  }
 
   unit.blocks.resize(blocks.size());
   unit.clusters.clear();
@@ -668,7 +755,9 @@ void barrier(BarrierKind kind) {
     unit.next.insert(unit.next.end(), b.waiters.begin(), b.waiters.end());
     b.waiters.clear();
   }
+  start_switch(&fiber.fake_stack, unit.scheduler_bottom, unit.scheduler_size);
   jump(fiber.context, unit.scheduler, unit.assembly);
+  finish_switch(fiber.fake_stack, nullptr, nullptr);
   // Resumed: in the next round, or to end.
   if (fiber.cancelled) throw Cancelled{};
 }

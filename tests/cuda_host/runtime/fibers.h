@@ -16,7 +16,8 @@
 // hang. Each block has an arena of shared memory (the launch's dynamic
 // shared memory bytes, filled with 0xff bytes at the start, as if garbage,
 // and again when the block exits, so that a read of memory nobody wrote, or
-// of a cluster peer that is gone, gives a wrong answer).
+// of a cluster peer that is gone, gives a wrong answer; built with ASan, each
+// arena is followed by bytes it reports any access to).
 #pragma once
 
 #include <cstddef>
