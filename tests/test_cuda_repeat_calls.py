@@ -80,11 +80,10 @@ BACKWARD = {
         "aoti_torch_cuda_addmm_out": 3,
         # d_gates, the running gradients of h and c, grad_weights.
         "aoti_torch_empty_strided": 4,
-        # grad_bias: the column sums of d_gates.
+        # grad_bias: the column sums of d_gates. (The gradients of h_n and
+        # c_n, which the loss's .sum() broadcasts, the kernel reads through
+        # their strides: no copy.)
         "aten::sum.dim_IntList": 1,
-        # The gradients of h_n and c_n that the loss's .sum() broadcasts (a
-        # stride of 0), made dense for the kernel.
-        "aten::contiguous": 2,
     },
     torch.bfloat16: WORK_16_BIT_BACKWARD,
     torch.float16: WORK_16_BIT_BACKWARD,

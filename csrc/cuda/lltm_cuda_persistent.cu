@@ -367,15 +367,15 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
       strides.by_unit = grad_output->stride(2);
     }
   }
-  // The final states' gradients are small: read densely.
-  std::optional<Tensor> dense_h_n, dense_c_n;
+  // The final states' gradients, read through their strides: a broadcast
+  // one (from h_n.sum()) is never copied dense.
   if (grad_h_n.has_value()) {
-    dense_h_n = dense(*grad_h_n);
-    args.grad_h_n = dense_h_n->const_data_ptr<T>();
+    args.grad_h_n = grad_h_n->const_data_ptr<T>();
+    args.grad_h_n_strides = {grad_h_n->stride(0), grad_h_n->stride(1)};
   }
   if (grad_c_n.has_value()) {
-    dense_c_n = dense(*grad_c_n);
-    args.grad_c_n = dense_c_n->const_data_ptr<T>();
+    args.grad_c_n = grad_c_n->const_data_ptr<T>();
+    args.grad_c_n_strides = {grad_c_n->stride(0), grad_c_n->stride(1)};
   }
   args.gates = gates.const_data_ptr<T>();
   args.cells = cells.const_data_ptr<T>();
