@@ -61,6 +61,22 @@ def test_region_casts_like_torch(entry, dtype):
     assert_all_close(grads, by_hand_grads, GRAD_NAMES, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("entry", ["lltm_cell", "lltm_sequence"])
+def test_in_a_region_an_entry_point_enters_its_operator_once(entry):
+    # In a region and no other mode an entry point casts the arguments as
+    # the operator's Autocast kernel would and applies the autograd Function
+    # itself: the operator is entered once (its CPU kernel), not at the
+    # Autocast, Autograd and CPU keys in turn.
+    fn, args = ENTRIES[entry], _args(entry)
+    name = "lltm::forward" if entry == "lltm_cell" else "lltm::sequence_forward"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    region = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=activities) as profile, region:
+        outputs = fn(*args)
+    assert all(o.dtype == torch.bfloat16 and o.requires_grad for o in outputs)
+    assert [e.name for e in profile.events()].count(name) == 1
+
+
 def test_modules_under_autocast_train_in_float32_parameters():
     torch.manual_seed(0)
     cell, sequence = lltm.LLTM(6, 8), lltm.LLTMSequence(6, 8, 2, batch_first=True)

@@ -638,7 +638,7 @@ def test_per_sample_plot_and_render(render, tmp_path, saved_figures, capsys):
 
 # --- Per-call overhead -----------------------------------------------------------
 
-OVERHEAD_IMPLS = ["reference", "lltm", "lstmcell"]
+OVERHEAD_IMPLS = ["reference", "lltm", "lstmcell", "lltm-sequence", "lstm"]
 
 
 def test_overhead_runs_every_implementation(capsys):
@@ -688,6 +688,12 @@ def test_overhead_phases_time_what_they_say(inputs_grad):
     reference_case, lltm_case = per_impl["reference"], per_impl["lltm"]
     torch.testing.assert_close(lltm_case.no_grad(), reference_case.no_grad())
     torch.testing.assert_close(lltm_case.step(), reference_case.step())
+    # The sequence rows: one step of the same cell, on the same values.
+    for impl in kinds.OVERHEAD_SEQUENCES:
+        assert per_impl[impl].inputs[0].shape == (kinds.OVERHEAD_SEQ_LEN, 1, 2)
+    output, h_n, c_n = per_impl["lltm-sequence"].no_grad()
+    new_h, new_cell = reference_case.no_grad()
+    torch.testing.assert_close((output[0], h_n[0], c_n[0]), (new_h, new_h, new_cell))
 
 
 def test_overhead_table(capsys):
@@ -710,11 +716,15 @@ def test_overhead_plot_and_render(render, tmp_path, saved_figures, capsys):
     assert len(panels) == 3  # time, against the reference, against nn.LSTMCell
     drawn = [{label for label in lines if not label.startswith("_")} for _, _, lines in panels]
     assert drawn[0] == set(OVERHEAD_IMPLS)
-    assert drawn[2] == {"lltm no_grad", "lltm step", "reference no_grad", "reference step"}
+    assert drawn[2] == {
+        f"{impl} {phase}"
+        for impl in ("lltm", "reference", "lltm-sequence", "lstm")
+        for phase in ("no_grad", "step")
+    }
     assert render.main([str(data)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "per-call overhead" in lines[2]
-    assert sum(line.startswith("| 2x2x2 |") for line in lines) == 3
+    assert sum(line.startswith("| 2x2x2 |") for line in lines) == len(OVERHEAD_IMPLS)
 
 
 def test_render_across_runs_of_another_phase(render, tmp_path, capsys):
@@ -725,7 +735,7 @@ def test_render_across_runs_of_another_phase(render, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("2 runs of overhead at 2x3x4: no_grad medians in ")
     assert "against the eager reference and against nn.LSTMCell" in lines[0]
-    assert lines[2] == "| run | reference | lltm | lstmcell |"
+    assert lines[2] == "| run | reference | lltm | lstmcell | lltm-sequence | lstm |"
     # Every row: the reference's no-grad speed-up against itself, 1.
     assert len(lines) == 7
     assert all("(1.00x; " in line.split(" | ")[1] for line in lines[4:])

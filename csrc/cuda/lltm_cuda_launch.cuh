@@ -11,13 +11,13 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
 
 #include "../lltm_errors.h"
+#include "lltm_cuda_device_cache.h"
 #include "lltm_cuda_runtime.h"
 
 namespace lltm::cuda {
@@ -112,23 +112,18 @@ constexpr int64_t kMaxGridY = 65535;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The device's multiprocessor count, queried once per device: a driver call
-// on every launch costs about as much as a small kernel. (CPU tensors, in the
-// host build, have device -1: never cached, so tests can change the count.)
+// The device's multiprocessor count, queried once per device
+// (lltm_cuda_device_cache.h): a driver call on every launch costs about as
+// much as a small kernel.
 inline int64_t multiprocessor_count(int32_t device_index) {
-  constexpr int32_t kCachedDevices = 64;
-  static std::atomic<int> cached[kCachedDevices] = {};  // 0: not queried yet
-  if (device_index >= 0 && device_index < kCachedDevices) {
-    if (const int known = cached[device_index].load(std::memory_order_relaxed)) return known;
-  }
-  int count = 0;
-  const cudaError_t error =
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_index);
-  if (error != cudaSuccess) fail_cuda("querying the GPU", error);
-  if (device_index >= 0 && device_index < kCachedDevices) {
-    cached[device_index].store(count, std::memory_order_relaxed);
-  }
-  return count;
+  static PerDevice<int64_t> counts;
+  return counts.get(device_index, [device_index] {
+    int count = 0;
+    const cudaError_t error =
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_index);
+    if (error != cudaSuccess) fail_cuda("querying the GPU", error);
+    return int64_t(count);
+  });
 }
 
 // Block: x covers a row's packs (up to a whole block), y stacks as many rows

@@ -24,6 +24,7 @@
 #include "../lltm_sequence.h"
 #include "../lltm_tensor.h"
 #include "lltm_cuda_device.h"
+#include "lltm_cuda_device_cache.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_persistent.cuh"
 #include "lltm_cuda_persistent.h"
@@ -84,30 +85,18 @@ int attribute(cudaDeviceAttr which, int device) {
   return value;
 }
 
-// Devices with an index at or past this, and the host build's (-1), are
-// queried at every call (the tests change the emulated GPU between calls).
-constexpr int kCachedDevices = 64;
-
 DeviceLimits device_limits(int device) {
-  static std::mutex mutex;
-  static std::optional<DeviceLimits> known[kCachedDevices];
-  const bool cached = device >= 0 && device < kCachedDevices;
-  if (cached) {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (known[device]) return *known[device];
-  }
-  DeviceLimits limits;
-  limits.multiprocessors = attribute(cudaDevAttrMultiProcessorCount, device);
-  limits.major = attribute(cudaDevAttrComputeCapabilityMajor, device);
-  limits.minor = attribute(cudaDevAttrComputeCapabilityMinor, device);
-  limits.cooperative = attribute(cudaDevAttrCooperativeLaunch, device) != 0;
-  limits.clusters = attribute(cudaDevAttrClusterLaunch, device) != 0;
-  limits.shared_per_block = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (cached) {
-    const std::lock_guard<std::mutex> lock(mutex);
-    known[device] = limits;
-  }
-  return limits;
+  static PerDevice<DeviceLimits> known;
+  return known.get(device, [device] {
+    DeviceLimits limits;
+    limits.multiprocessors = attribute(cudaDevAttrMultiProcessorCount, device);
+    limits.major = attribute(cudaDevAttrComputeCapabilityMajor, device);
+    limits.minor = attribute(cudaDevAttrComputeCapabilityMinor, device);
+    limits.cooperative = attribute(cudaDevAttrCooperativeLaunch, device) != 0;
+    limits.clusters = attribute(cudaDevAttrClusterLaunch, device) != 0;
+    limits.shared_per_block = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    return limits;
+  });
 }
 
 // The attributes a kernel needs on the current device before its occupancy
@@ -118,9 +107,10 @@ DeviceLimits device_limits(int device) {
 template <typename Kernel>
 void prepare(Kernel kernel, int device, SequencePath path, int64_t shared_limit) {
   static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> prepared;
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
-  const bool cached = device >= 0;
+  static std::set<std::tuple<const void*, int, uint64_t>> prepared;
+  const int slot = device_slot(device);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), slot, device_epoch());
+  const bool cached = slot >= 0;
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
     if (prepared.count(key) != 0) return;
@@ -200,13 +190,14 @@ class KernelOccupancy final : public Occupancy {
   DeviceLimits limits_;
 };
 
-// The plan for a call, remembered per device (the occupancy calculator is
-// not free: a plan may ask it a few dozen times).
 // Whether the plan of such a call depends on the device at all.
 bool plan_reads_device(int element_size, int64_t batch, int64_t state) {
   return persistent_enabled() && persistent_element_size(element_size) && batch > 0 && state > 0;
 }
 
+// The plan for a call, remembered per device, epoch, pass, element size,
+// batch and state (the occupancy calculator is not free: a plan may ask it a
+// few dozen times).
 SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
                       int64_t state) {
   if (!plan_reads_device(element_size, batch, state)) {
@@ -218,11 +209,12 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
     return plan_sequence(pass, element_size, batch, state, DeviceLimits{}, unused,
                          persistent_enabled());
   }
-  using Key = std::tuple<int, int, int, int64_t, int64_t>;
+  using Key = std::tuple<int, uint64_t, int, int, int64_t, int64_t>;
   static std::mutex mutex;
   static std::map<Key, SequencePlan> plans;
-  const Key key{device, static_cast<int>(pass), element_size, batch, state};
-  const bool cached = device >= 0 && device < kCachedDevices;
+  const int slot = device_slot(device);
+  const Key key{slot, device_epoch(), static_cast<int>(pass), element_size, batch, state};
+  const bool cached = slot >= 0;
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
     const auto found = plans.find(key);
@@ -375,15 +367,15 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
       strides.by_unit = grad_output->stride(2);
     }
   }
-  // The final states' gradients are small: read densely.
-  std::optional<Tensor> dense_h_n, dense_c_n;
+  // The final states' gradients, read through their strides: a broadcast
+  // one (from h_n.sum()) is never copied dense.
   if (grad_h_n.has_value()) {
-    dense_h_n = dense(*grad_h_n);
-    args.grad_h_n = dense_h_n->const_data_ptr<T>();
+    args.grad_h_n = grad_h_n->const_data_ptr<T>();
+    args.grad_h_n_strides = {grad_h_n->stride(0), grad_h_n->stride(1)};
   }
   if (grad_c_n.has_value()) {
-    dense_c_n = dense(*grad_c_n);
-    args.grad_c_n = dense_c_n->const_data_ptr<T>();
+    args.grad_c_n = grad_c_n->const_data_ptr<T>();
+    args.grad_c_n_strides = {grad_c_n->stride(0), grad_c_n->stride(1)};
   }
   args.gates = gates.const_data_ptr<T>();
   args.cells = cells.const_data_ptr<T>();
@@ -502,8 +494,8 @@ std::string sequence_path(int device, int element_size, int64_t batch, int64_t s
   std::string text, error;
   std::thread([&] {
     try {
-      if (device >= 0 && plan_reads_device(element_size, batch, state)) {
-        const cudaError_t selected = cudaSetDevice(device);
+      if (plan_reads_device(element_size, batch, state)) {
+        const cudaError_t selected = select_device(device);
         if (selected != cudaSuccess) fail_cuda("selecting the GPU", selected);
       }
       text = "forward: " +

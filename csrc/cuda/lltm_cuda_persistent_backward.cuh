@@ -32,18 +32,26 @@ struct GradOutputStrides {
   int64_t by_input_row, by_time, by_row, by_unit;
 };
 
+// Where the gradient of h_n (or c_n) of a batch row and unit is:
+// grad[row * by_row + unit * by_unit]; a stride may be 0 (broadcast, as the
+// gradient of h_n.sum() is), so that no copy makes it dense.
+struct StateGradStrides {
+  int64_t by_row, by_unit;
+};
+
 template <typename T>
 struct BackwardArgs {
   using Math = acc_t<T>;
   const T* grad_output;  // null: none
   GradOutputStrides grad_output_strides;
-  const T* grad_h_n;  // dense (batch, S), or null: zero
-  const T* grad_c_n;  // dense (batch, S), or null: zero
-  const T* gates;     // dense (input rows, 3S), as the forward left it
-  const T* cells;     // dense (input rows, S)
-  T* d_gates;         // (input rows, 3S)
-  T* grad_h;          // (batch, S): the gradient of old_h; null: not wanted
-  T* grad_c;          // (batch, S): the gradient of old_cell
+  const T* grad_h_n;  // (batch, S) at grad_h_n_strides, or null: zero
+  const T* grad_c_n;  // (batch, S) at grad_c_n_strides, or null: zero
+  StateGradStrides grad_h_n_strides, grad_c_n_strides;
+  const T* gates;  // dense (input rows, 3S), as the forward left it
+  const T* cells;  // dense (input rows, S)
+  T* d_gates;      // (input rows, 3S)
+  T* grad_h;       // (batch, S): the gradient of old_h; null: not wanted
+  T* grad_c;       // (batch, S): the gradient of old_cell
   // Cooperative mode: the blocks' shares of the gradient of h, (2, P,
   // batch, S) in global memory; cluster mode: null (shared memory).
   Math* shares;
@@ -98,9 +106,13 @@ __device__ __forceinline__ void load_final_gradients(const BackwardArgs<T>& args
     const int row = pair / units;
     const int unit = pair - row * units;
     const bool present = row < slice.own_rows && unit < slice.own_units;
-    const int64_t at = (slice.first_row + row) * slice.state_size + slice.first_unit + unit;
-    shared.carried_h[pair] = present && args.grad_h_n != nullptr ? M(args.grad_h_n[at]) : M(0);
-    shared.carried_c[pair] = present && args.grad_c_n != nullptr ? M(args.grad_c_n[at]) : M(0);
+    const int64_t r = slice.first_row + row, u = slice.first_unit + unit;
+    const StateGradStrides& h = args.grad_h_n_strides;
+    const StateGradStrides& c = args.grad_c_n_strides;
+    shared.carried_h[pair] =
+        present && args.grad_h_n != nullptr ? M(args.grad_h_n[r * h.by_row + u * h.by_unit]) : M(0);
+    shared.carried_c[pair] =
+        present && args.grad_c_n != nullptr ? M(args.grad_c_n[r * c.by_row + u * c.by_unit]) : M(0);
   }
 }
 

@@ -17,6 +17,13 @@
 
 #include <torch/csrc/stable/library.h>
 
+#include <cstdint>
+
+namespace lltm::cuda {
+// Devices whose answers are remembered (lltm_cuda_device_cache.h).
+constexpr int kDeviceSlots = 64;
+}  // namespace lltm::cuda
+
 #ifdef LLTM_CUDA_HOST
 
 #ifndef LLTM_CUDA_HOST_EMULATION
@@ -27,6 +34,20 @@
 // `kernel` (grid, block, stream)(args...): every thread of the grid, in turn.
 #define LLTM_LAUNCH(grid, block, stream, ...) \
   ::lltm::cuda_host::launch(grid, block, stream, __VA_ARGS__)
+
+namespace lltm::cuda {
+// What a device answers (attributes, occupancy, kernel attributes set) is
+// remembered under a slot per device (lltm_cuda_device_cache.h). CPU tensors
+// run on the one emulated GPU, whose slot is 0; a test may change that GPU
+// between calls, which starts a new epoch: answers of an older one are
+// asked again.
+inline int device_slot(int device) { return device == -1 ? 0 : -1; }
+inline uint64_t device_epoch() { return ::lltm::cuda_host::gpu_epoch(); }
+// Makes `device` the calling thread's current device, as a thread of its own
+// that queries it must (the kernel attributes set there are the device's):
+// -1, the emulated GPU of CPU tensors, as the ops' DeviceGuard selects it.
+inline cudaError_t select_device(int device) { return ::lltm::cuda_host::select_device(device); }
+}  // namespace lltm::cuda
 
 #else
 
@@ -47,6 +68,19 @@
 
 namespace lltm::cuda {
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
+
+// What a device answers (attributes, occupancy, kernel attributes set) is
+// remembered under a slot per device (lltm_cuda_device_cache.h): devices
+// 0 to 63 have one (-1: none, asked at every call). A GPU's answers hold for
+// the process: one epoch.
+inline int device_slot(int device) { return device >= 0 && device < kDeviceSlots ? device : -1; }
+inline uint64_t device_epoch() { return 0; }
+// Makes `device` the calling thread's current device, as a thread of its own
+// that queries it must (the kernel attributes set there are the device's).
+inline cudaError_t select_device(int device) {
+  return device >= 0 ? cudaSetDevice(device) : cudaSuccess;
+}
+
 // Device code, for nvcc only: lltm_cuda_library_exports.cpp, host code compiled by the host
 // compiler, includes this file too.
 #ifdef __CUDACC__

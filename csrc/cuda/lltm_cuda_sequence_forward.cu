@@ -43,15 +43,23 @@ namespace {
 Tensor float_projection(const Tensor& x, const Tensor& weights, const std::optional<Tensor>& bias,
                         const SequenceSizes& n) {
   const int64_t S = n.state;
-  Tensor projection = new_float_matrix(x, n.rows, 3 * S);
+  // One float32 allocation for the projection and the widened x, W_x and
+  // bias: each an aligned view of it (16 bytes: the kernel reads the
+  // projection, first, in 16-byte vectors), freed with the projection.
+  const auto aligned = [](int64_t elements) { return (elements + 3) / 4 * 4; };
+  const int64_t x_at = aligned(n.rows * 3 * S);
+  const int64_t w_x_at = x_at + aligned(n.rows * n.features);
+  const int64_t bias_at = w_x_at + aligned(3 * S * n.features);
+  const Tensor workspace = new_float_matrix(x, 1, bias_at + (bias.has_value() ? 3 * S : 0));
+  Tensor projection = reshaped_view(workspace, n.rows, 3 * S, 3 * S, 1);
   if (n.rows == 0) return projection;
-  Tensor x_float = new_float_matrix(x, n.rows, n.features);
+  Tensor x_float = reshaped_view(workspace, n.rows, n.features, n.features, 1, x_at);
   copy_into(x_float, x);
-  Tensor w_x_float = new_float_matrix(weights, 3 * S, n.features);
+  Tensor w_x_float = reshaped_view(workspace, 3 * S, n.features, n.features, 1, w_x_at);
   copy_into(w_x_float, column_block(weights, S, n.features, false));
   std::optional<Tensor> bias_float;
   if (bias.has_value()) {
-    bias_float = as_vector(new_float_matrix(*bias, 1, 3 * S));
+    bias_float = as_vector(reshaped_view(workspace, 1, 3 * S, 3 * S, 1, bias_at));
     copy_into(*bias_float, *bias);
   }
   linear_out(projection, bias_float, x_float, transposed(w_x_float));

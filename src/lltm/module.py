@@ -332,8 +332,10 @@ class LLTMSequence(torch.nn.Module):
                     layer_input,
                     getattr(self, weights_name),
                     getattr(self, bias_name),  # None with bias=False
-                    h_0[index],
-                    c_0[index],
+                    # select(): the view h_0[index] makes, without Python
+                    # indexing's parsing of the index on every call.
+                    h_0.select(0, index),
+                    c_0.select(0, index),
                     batch_sizes,
                     direction == 1,
                 )

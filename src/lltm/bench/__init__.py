@@ -72,6 +72,9 @@ the reference and nn.LSTMCell:
   reference       the tutorial's pure-PyTorch LLTM: the baseline
   lltm            lltm.LLTM
   lstmcell        torch.nn.LSTMCell(features, state)
+  lltm-sequence   lltm.LLTMSequence over a sequence of one step (T = 1)
+  lstm            torch.nn.LSTM(features, state) over the same sequence:
+                  compare lltm-sequence with it
 
 Configuration: as in the tutorial's benchmark, the inputs come from
 torch.randn and only the parameters require grad. With --inputs-grad the

@@ -10,7 +10,8 @@ Three kinds of case share everything but how they are built:
   is no forward to time apart from the backward;
 * overhead: one cell step at the smallest size, where the kernels do almost
   nothing and what is timed is what every call costs around them: the
-  forward under ``torch.no_grad()`` (phase ``no_grad``) and the step.
+  forward under ``torch.no_grad()`` (phase ``no_grad``) and the step; and
+  for ``lltm-sequence`` and ``lstm``, a sequence of one step at that size.
 
 Every LLTM implementation of a case gets the same weights (those of one
 :class:`lltm.reference.LLTM`) and the same inputs. Which tensors require grad
@@ -28,6 +29,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from functools import partial
 from typing import Any, cast
 
@@ -38,6 +40,9 @@ from .. import reference
 from ..module import LLTM, LLTMSequence
 from .kinds import (
     AUTOCAST_KINDS,
+    OVERHEAD,
+    OVERHEAD_SEQ_LEN,
+    OVERHEAD_SEQUENCES,
     PER_SAMPLE,
     Kind,
     Size,
@@ -354,6 +359,8 @@ def make_case(
     kind = kind or kind_of(size)
     if impl not in kind.implementations:
         raise ValueError(f"no {kind.name} implementation {impl!r}")
+    if kind is OVERHEAD and impl in OVERHEAD_SEQUENCES:
+        size = replace(size, seq_len=OVERHEAD_SEQ_LEN)
     if kind.sequences and size.seq_len is None:
         raise ValueError(f"a {kind.name} case needs a sequence length")
     if kind is PER_SAMPLE and inputs_grad:

@@ -307,7 +307,8 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time what each call costs instead: one cell step at the smallest size ("
         + "x".join(map(str, kinds.OVERHEAD_SIZE))
-        + " unless -b, -f, -s or --sizes say otherwise), the forward under torch.no_grad() "
+        + " unless -b, -f, -s or --sizes say otherwise), and a sequence of one step "
+        "(lltm-sequence, nn.LSTM), the forward under torch.no_grad() "
         "and forward + backward, against nn.LSTMCell and the reference",
     )
     what.add_argument(

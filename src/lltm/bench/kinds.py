@@ -110,10 +110,15 @@ PER_SAMPLE = Kind(
     phases=("step",),
     saved_memory=False,
 )
+# The overhead case's implementations that run a sequence of one step
+# (OVERHEAD_SEQ_LEN) at the case's size: the sequence op's cost per call
+# beside nn.LSTM's.
+OVERHEAD_SEQUENCES = ("lltm-sequence", "lstm")
+OVERHEAD_SEQ_LEN = 1
 OVERHEAD = Kind(
     "overhead",
-    implementations=("reference", "lltm", "lstmcell"),
-    defaults=("reference", "lltm", "lstmcell"),
+    implementations=("reference", "lltm", "lstmcell", *OVERHEAD_SEQUENCES),
+    defaults=("reference", "lltm", "lstmcell", *OVERHEAD_SEQUENCES),
     baseline="reference",
     rival="lstmcell",
     phases=(NO_GRAD, "step"),

@@ -117,7 +117,8 @@ def configuration(env: dict[str, Any]) -> str:
     if kind_of_env(env) is OVERHEAD:
         grads = "parameters, input, h and c" if env["inputs_grad"] else "parameters only"
         return (
-            "per-call overhead, one cell step at the smallest size: the forward under "
+            "per-call overhead, one cell step at the smallest size (lltm-sequence and lstm: "
+            "a sequence of one step): the forward under "
             f"torch.no_grad(), and forward + backward with gradients of the {grads}"
         )
     sequence = env["case"] == "sequence"

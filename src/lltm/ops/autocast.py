@@ -64,14 +64,25 @@ def call_cast(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     return fn(*args)
 
 
+def call_in_region(fn: Callable[..., Any], device_type: str, args: Sequence[Any]) -> Any:
+    """What a forward operator's Autocast kernel does: ``fn`` of the cast arguments, the region off.
+
+    The kernel's ``fn`` is the operator (its next dispatch key); an entry
+    point in an otherwise plain eager region (ops/dispatch.py) passes what
+    that operator's Autograd kernel would run, entering the operator once
+    rather than at the Autocast, Autograd and device keys in turn.
+    """
+    cast = cast_arguments(device_type, args)
+    with torch.autocast(device_type, enabled=False):
+        return fn(*cast)
+
+
 def kernel(op: Any, device_type: str) -> Callable[..., Any]:
     """The kernel of forward operator ``op`` at ``device_type``'s Autocast key."""
 
     def cast_and_call(*args: Any) -> Any:
-        cast = cast_arguments(device_type, args)
         try:
-            with torch.autocast(device_type, enabled=False):
-                return op(*cast)
+            return call_in_region(op, device_type, args)
         except (RuntimeError, ValueError) as error:
             # Inside inference mode no Autograd kernel runs after this one.
             reraise(error)

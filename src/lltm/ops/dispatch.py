@@ -9,8 +9,12 @@ Two callers ask it, and both ask :func:`autograd_step`:
   In plain eager mode (:func:`plain_eager`) the dispatcher would go straight
   from the operator to that Autograd kernel; :func:`call` skips that trip,
   about a third of the cell's forward at the tutorial's size, and asks
-  :func:`autograd_step` itself. In every other mode it calls the operator,
-  whose dispatch keys serve the mode.
+  :func:`autograd_step` itself. In an autocast region on the input's device,
+  and no other mode, it casts the arguments as the operator's Autocast
+  kernel would and does the same, so that the operator is entered once (at
+  its device kernel) rather than at the Autocast, Autograd and device keys.
+  In every other mode it calls the operator, whose dispatch keys serve the
+  mode.
 
 :func:`autograd_step` decides what autograd needs of a call. Nothing to
 differentiate: the kernels, below the autograd key. A forward operator to
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -99,11 +104,22 @@ def call(operator: Operator, args: tuple[Any, ...]) -> Any:
         and isinstance(args[4], Tensor)
     ):
         check_types(*args[:5])
-    if _fused(input) and plain_eager(args):
-        try:
-            return autograd_step(operator, args)
-        except (RuntimeError, ValueError) as error:
-            reraise(error)
+    if _fused(input) and _eager_but_autocast(args):
+        if not _probes.any_autocast_enabled():
+            try:
+                return autograd_step(operator, args)
+            except (RuntimeError, ValueError) as error:
+                reraise(error)
+        device_type = input.device.type
+        if operator.autocast and torch.is_autocast_enabled(device_type):
+            # What the operator's Autocast kernel, then its Autograd kernel,
+            # would do, without the two trips through the dispatcher.
+            try:
+                return autocast.call_in_region(
+                    partial(_autograd_step_of, operator), device_type, args
+                )
+            except (RuntimeError, ValueError) as error:
+                reraise(error)
     if torch.compiler.is_compiling():
         # No exception handler around: the fake kernels raise the documented
         # types themselves, and from torch 2.15 an exception that traced code
@@ -132,12 +148,21 @@ def plain_eager(args: tuple[Any, ...]) -> bool:
     ``functional_call`` change nothing here: the Function applied is the same.
     One read of torch's state each; torch.compile reads the first and stops.
     """
+    return not _probes.any_autocast_enabled() and _eager_but_autocast(args)
+
+
+def _eager_but_autocast(args: tuple[Any, ...]) -> bool:
+    """:func:`plain_eager` but for autocast regions, which an entry point can serve itself.
+
+    An autocast region on the input's device only casts the arguments of
+    lltm's forward operators (autocast.py): :func:`call` casts them and
+    takes the plain eager route, as the operator's Autocast kernel would.
+    """
     return not (
         torch.compiler.is_compiling()
         or torch.compiler.is_exporting()
         or _transforms_active()
         or _forward_ad_active()
-        or _probes.any_autocast_enabled()
         or torch.is_inference_mode_enabled()
         or torch.is_anomaly_enabled()
         or _probes.dispatch_modes_active()
@@ -199,6 +224,11 @@ def autograd_step(operator: Operator, args: tuple[Any, ...], keyset: Any = None)
         return _probes.redispatch_below_autograd(operator.handle, keyset, *args)
     with _below_autograd():
         return operator.kernels(*args)
+
+
+def _autograd_step_of(operator: Operator, *args: Any) -> Any:
+    """:func:`autograd_step` with the arguments spread, as a kernel takes them."""
+    return autograd_step(operator, args)
 
 
 def autograd_kernel(operator: Operator) -> Callable[..., Any]:

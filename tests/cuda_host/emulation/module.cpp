@@ -203,6 +203,7 @@ PyObject* set_multiprocessors(PyObject*, PyObject* args) {
   int count = 0;
   if (!PyArg_ParseTuple(args, "i", &count)) return nullptr;
   host::gpu().multiprocessors = count;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -211,6 +212,7 @@ PyObject* set_capability(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ii", &major, &minor)) return nullptr;
   host::gpu().capability_major = major;
   host::gpu().capability_minor = minor;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -220,6 +222,7 @@ PyObject* set_shared_memory(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ii", &per_multiprocessor, &per_block_optin)) return nullptr;
   host::gpu().shared_per_multiprocessor = per_multiprocessor;
   host::gpu().shared_per_block_optin = per_block_optin;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -229,6 +232,7 @@ PyObject* set_multiprocessor_limits(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ii", &threads, &blocks)) return nullptr;
   host::gpu().threads_per_multiprocessor = threads;
   host::gpu().blocks_per_multiprocessor = blocks;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -236,6 +240,7 @@ PyObject* set_cooperative_launch(PyObject*, PyObject* args) {
   int supported = 0;
   if (!PyArg_ParseTuple(args, "p", &supported)) return nullptr;
   host::gpu().cooperative_launch = supported != 0;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -245,6 +250,7 @@ PyObject* set_cluster_sizes(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ii", &portable, &non_portable)) return nullptr;
   host::gpu().portable_cluster_size = portable;
   host::gpu().non_portable_cluster_size = non_portable;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -253,6 +259,7 @@ PyObject* set_gpcs(PyObject*, PyObject* args) {
   int count = 0;
   if (!PyArg_ParseTuple(args, "i", &count)) return nullptr;
   host::gpu().gpcs = count;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -262,6 +269,7 @@ PyObject* set_free_multiprocessors(PyObject*, PyObject* args) {
   int count = 0;
   if (!PyArg_ParseTuple(args, "i", &count)) return nullptr;
   host::gpu().free_multiprocessors = count;
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -283,6 +291,7 @@ PyObject* inject(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "call must be 'load', 'set_device' or 'attribute'");
     return nullptr;
   }
+  host::gpu_changed();
   Py_RETURN_NONE;
 }
 
@@ -318,9 +327,11 @@ PyObject* launches(PyObject*, PyObject*) {
 }
 
 // calls() -> {name: count}: the kernel launches ("LLTM_LAUNCH",
-// "cudaLaunchKernelEx") and the calls of torch's C shim that make work or
-// tensors (allocations, views, GEMMs, dispatcher operators by name) run so
-// far (runtime/calls.h); never reset: tests take differences.
+// "cudaLaunchKernelEx"), the queries of the GPU (cudaDeviceGetAttribute,
+// the occupancy calculator, cudaFuncSetAttribute, cudaFuncGetAttributes)
+// and the calls of torch's C shim that make work or tensors (allocations,
+// views, GEMMs, dispatcher operators by name) run so far (runtime/calls.h);
+// never reset: tests take differences.
 PyObject* calls(PyObject*, PyObject*) {
   PyObject* counts = PyDict_New();
   if (counts == nullptr) return nullptr;

@@ -1,9 +1,12 @@
 // What the CUDA sources ask of the GPU and of torch, counted by name, so that
 // a test can hold a call to a number of device operations: kernel launches
-// (LLTM_LAUNCH, cudaLaunchKernelEx) and the calls of torch's C shim that make
-// work or tensors (allocations, views, GEMMs, and each operator called through
-// torch's dispatcher by its name, e.g. "aten::copy_"). The shim's queries
-// (sizes, strides, data pointers, dtypes) are not counted.
+// (LLTM_LAUNCH, cudaLaunchKernelEx), queries of the GPU (cudaDeviceGetAttribute,
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaOccupancyMaxActiveClusters,
+// cudaFuncSetAttribute, cudaFuncGetAttributes: counted where the emulation
+// defines them) and the calls of torch's C shim that make work or tensors
+// (allocations, views, GEMMs, and each operator called through torch's
+// dispatcher by its name, e.g. "aten::copy_"). The shim's queries (sizes,
+// strides, data pointers, dtypes) are not counted.
 //
 // Counted by renaming: after this header, the shim's functions that the CUDA
 // sources (and torch's stable headers they include, torch/csrc/stable/ops.h)

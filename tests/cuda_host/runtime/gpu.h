@@ -1,7 +1,8 @@
 // The emulated GPU of the host build: its devices, attributes and limits (an
 // H100 SXM's unless a test sets others), the runtime's per-thread state, the
 // device calls of csrc/cuda, streams, and torch's C shim as the CUDA sources
-// call it (the calls that make work are counted: calls.h). CPU tensors have
+// call it (the calls that make work, and the attribute queries, are counted:
+// calls.h). CPU tensors have
 // device index -1: the emulated device they run on.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <thread>
 
+#include "calls.h"
 #include "errors.h"
 
 namespace lltm::cuda_host {
@@ -64,6 +66,10 @@ struct Gpu {
   // Whether each device has its primary context (CUDA >= 12 creates it in
   // cudaSetDevice, or at the first use of a thread's current device).
   std::atomic<bool> contexts[kMaxDevices] = {};
+  // Bumped at every change of the settings above (module.cpp, reset()): the
+  // CUDA sources ask the GPU again what they remembered of an older epoch
+  // (csrc/cuda/lltm_cuda_device_cache.h), as a process on another GPU would.
+  std::atomic<uint64_t> epoch{0};
   // Kernel launches run: lets a test see that the kernels ran.
   std::atomic<int64_t> launches{0};
   // While `hold_load` is set, loading the kernels' code waits (as creating a
@@ -81,6 +87,11 @@ inline Gpu& gpu() {
 // last error, which cudaGetLastError reads and clears.
 inline thread_local int current_device = 0;
 inline thread_local cudaError_t last_error = cudaSuccess;
+
+inline uint64_t gpu_epoch() { return gpu().epoch.load(); }
+
+// After a change of the emulated GPU's settings.
+inline void gpu_changed() { ++gpu().epoch; }
 
 inline bool valid_device(int device) { return device >= 0 && device < gpu().devices.load(); }
 
@@ -153,6 +164,7 @@ inline cudaError_t cudaSetDevice(int device) {
 // Device -1 is the one CPU tensors run on; it is the emulated GPU too.
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
   using namespace lltm::cuda_host;
+  count_call("cudaDeviceGetAttribute");
   if (device != -1 && !valid_device(device)) return last_error = cudaErrorInvalidDevice;
   if (const cudaError_t error = injected(gpu().attribute_error)) return last_error = error;
   const Gpu& g = gpu();
@@ -200,6 +212,18 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, 
   }
   return last_error = cudaErrorInvalidValue;
 }
+
+namespace lltm::cuda_host {
+
+// The calling thread's current device: -1, the emulated GPU of CPU tensors,
+// as DeviceGuard sets it (cudaSetDevice takes only the GPUs' indices).
+inline cudaError_t select_device(int device) {
+  if (device != -1) return cudaSetDevice(device);
+  current_device = -1;
+  return cudaSuccess;
+}
+
+}  // namespace lltm::cuda_host
 
 // --- Streams ----------------------------------------------------------------------------
 

@@ -244,6 +244,7 @@ void reset() {
   drop_barriers(0);
   current_device = 0;
   last_error = cudaSuccess;
+  gpu_changed();
 }
 
 }  // namespace lltm::cuda_host
@@ -251,6 +252,7 @@ void reset() {
 using namespace lltm::cuda_host;
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* func) {
+  count_call("cudaFuncGetAttributes");
   if (gpu().hold_load) {
     gpu().held = true;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -268,6 +270,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fu
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attribute, int value) {
+  count_call("cudaFuncSetAttribute");
   if (func == nullptr) return last_error = cudaErrorInvalidDeviceFunction;
   KernelTable& table = kernels();
   const std::lock_guard<std::mutex> lock(table.mutex);

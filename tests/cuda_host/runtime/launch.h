@@ -107,6 +107,7 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(
 template <typename T>
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, T func, int block_size,
                                                           std::size_t dynamic_shared) {
+  lltm::cuda_host::count_call("cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   return lltm::cuda_host::occupancy_blocks(blocks, reinterpret_cast<const void*>(func), block_size,
                                            dynamic_shared);
 }
@@ -114,6 +115,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, T func, i
 template <typename T>
 cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, T* func,
                                            const cudaLaunchConfig_t* config) {
+  lltm::cuda_host::count_call("cudaOccupancyMaxActiveClusters");
   return lltm::cuda_host::occupancy_clusters(clusters, reinterpret_cast<const void*>(func), config);
 }
 
