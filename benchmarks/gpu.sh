@@ -171,14 +171,16 @@ fi
 # configuration users run first, one row each.
 BENCH=(--device cuda --seq-len 50 --loss sum -q)
 SIZES=16x32x128,8x32x256,64x256x512,256x256x256
-FP32=("${BENCH[@]}" --sizes "$SIZES" -r 5
+# At the four sizes, each phase's host time too (--host-time): where a step's
+# host time is near its time, the GPU waits on the host.
+FP32=("${BENCH[@]}" --sizes "$SIZES" -r 5 --host-time
   --impl lltm-sequence,lltm-sequence-per-step,lstm,lstm-notf32,gemm
   --json "$DATA/gpu_seq_$STAMP.json")
 # Mixed precision as GPU users train: the model and the loss under
 # torch.autocast("cuda", dtype), nn.LSTM under the same autocast.
-BF16=("${BENCH[@]}" --sizes "$SIZES" -r 5 --impl lltm-sequence,lstm --autocast bf16
+BF16=("${BENCH[@]}" --sizes "$SIZES" -r 5 --host-time --impl lltm-sequence,lstm --autocast bf16
   --json "$DATA/gpu_autocast_bf16_$STAMP.json")
-FP16=("${BENCH[@]}" --sizes "$SIZES" -r 5 --impl lltm-sequence,lstm --autocast fp16
+FP16=("${BENCH[@]}" --sizes "$SIZES" -r 5 --host-time --impl lltm-sequence,lstm --autocast fp16
   --json "$DATA/gpu_autocast_fp16_$STAMP.json")
 # The sweep: batch 1 to 256, state 64 to 1024, features half the state; lltm
 # against nn.LSTM in float32 and under bf16 autocast, with the path each

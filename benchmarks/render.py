@@ -62,11 +62,17 @@ def from_json(data: dict[str, Any]) -> tuple[list[Result], dict[str, Any]]:
             row.get("seq_len"),
             row.get("loss", "dense"),
         )
+        host = {
+            phase: [row[phase]["host_median_s"]]
+            for phase in report.kind_of_env(env).phases
+            if row[phase].get("host_median_s") is not None
+        }
         results.append(
             Result(
                 size,
                 row["impl"],
                 times,
+                host=host,
                 saved_bytes=row["saved_for_backward_bytes"],
                 saved_beyond_inputs_bytes=row["saved_beyond_inputs_bytes"],
                 error=row["error"],

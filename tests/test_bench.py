@@ -1164,3 +1164,38 @@ def test_the_prepared_gpu_run_in_a_dry_run(tmp_path):
     }
     assert len(written) == 7, written
     assert list(out.iterdir()) == []
+
+
+# --- Host time (--host-time) ------------------------------------------------------------
+
+
+def test_host_time_is_timed_per_phase_shown_and_read_back(render, capsys):
+    report = _run_json(
+        capsys, "--seq-len", "2", "--impl", "lltm-sequence,lstm", "--loss", "sum", "--host-time"
+    )
+    for row in report["results"]:
+        assert row["error"] is None
+        for phase in kinds.PHASES:
+            # A loop that waits on nothing: on a CPU all the work is the host's.
+            assert row[phase]["host_median_s"] > 0, (row["impl"], phase)
+    results, env = render.from_json(report)
+    header, rows = bench.report.table_rows(results, env)
+    column = header.index("host median fwd / bwd / step")
+    assert column == header.index("step min / median") + 1
+    assert all(row[column].count(" / ") == 2 for row in rows)
+    # Without the flag: no host time, no column.
+    plain = _run_json(capsys, "--seq-len", "2", "--impl", "lltm-sequence", "--loss", "sum")
+    assert all("host_median_s" not in row["step"] for row in plain["results"])
+    header, _ = bench.report.table_rows(*render.from_json(plain))
+    assert not any(name.startswith("host") for name in header)
+
+
+def test_host_seconds_times_the_calls_on_the_threads_asked_for():
+    seen = []
+
+    def call():
+        seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    assert timing.host_seconds(call, 3, 1) >= 0
+    assert seen == [1, 1, 1] and torch.get_num_threads() == before

@@ -139,8 +139,9 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     for _ in range(blocks_per_impl):
                         advance()
             extra = {LARGE_GEMM: gemm_fn} if gemm_fn is not None and ready else None
+            host: dict[str, dict[str, list[float]]] | None = {} if args.host_time else None
             times = timing.measure(
-                ready, args.runs, threads, args.block_seconds, advance, kind.phases, extra
+                ready, args.runs, threads, args.block_seconds, advance, kind.phases, extra, host
             )
             gemm_times += times.get(LARGE_GEMM, {}).get("step", [])
             for case in ready:
@@ -148,6 +149,7 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     size,
                     case.impl,
                     times=times[case.impl],
+                    host=(host or {}).get(case.impl, {}),
                     flops=flops.flops_of(kind, case.impl, size, args.inputs_grad),
                     path=sequence_path(case.impl, size, device, compute),
                 )
@@ -367,6 +369,13 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=timing.BLOCK_SECONDS,
         help=f"target length of one block (default {timing.BLOCK_SECONDS})",
+    )
+    how.add_argument(
+        "--host-time",
+        action="store_true",
+        help="also time each phase's host side: a block of calls that waits on nothing "
+        "after each timed block (on a GPU, the Python layer, dispatch and launches: a step "
+        "whose host time is near its time waits on the host)",
     )
     how.add_argument("--seed", type=int, default=0)
     how.add_argument(

@@ -91,6 +91,8 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
                 "blocks": len(r.times.get(phase) or []),
                 **{key: speedup(results, r, phase, impl) for key, impl in comparisons.items()},
             }
+            if r.host:
+                row[phase]["host_median_s"] = r.host_median(phase)
             if kind.counts_flops:
                 row[phase]["gflops"] = r.gflops(phase)
                 row[phase]["of_large_gemm"] = of_large_gemm(r, phase, env)
@@ -162,7 +164,8 @@ def table_rows(
     has one and the run includes it), the step's GFLOP/s of the products it
     needs and, in parentheses, that as a fraction of the large GEMM's rate
     in the same run (if the kind counts them), saved bytes (if the kind
-    measures them). The columns up to ``impl`` are labels, the rest numbers.
+    measures them); with --host-time, the host's median per phase after the
+    timings. The columns up to ``impl`` are labels, the rest numbers.
     """
     kind = kind_of_env(env)
     rival = rival_in(kind, results)
@@ -195,6 +198,14 @@ def table_rows(
     # written before they were counted).
     flops = any(r.flops for r in results)
 
+    # Runs that timed the host's side too (--host-time).
+    host = any(r.host for r in results)
+
+    def host_timing(r: Result) -> str:
+        values = [r.host_median(phase) for phase in kind.phases]
+        u = unit if unit != "auto" else ("ms" if max(v or 0 for v in values) > 0.01 else "us")
+        return " / ".join("-" if v is None else f"{v * UNITS[u]:,.1f}" for v in values) + f" {u}"
+
     # Runs that chose the loss (files written before differentiated dense ones).
     losses = "losses" in env
     header = [
@@ -203,6 +214,7 @@ def table_rows(
         *(["loss"] if losses else []),
         "impl",
         *(f"{LONG.get(phase, phase)} min / median" for phase in kind.phases),
+        *([f"host median {phases}"] if host else []),
         f"speed-up {phases}",
         *([f"vs {NAMES[rival]} {phases}"] if rival else []),
         *(["step GFLOP/s (of the large GEMM's)"] if flops else []),
@@ -229,6 +241,7 @@ def table_rows(
             [
                 *labels,
                 *(timing(r, phase) for phase in kind.phases),
+                *([host_timing(r)] if host else []),
                 ratios(r, kind.baseline),
                 *([ratios(r, rival)] if rival else []),
                 *([rate(r)] if flops else []),

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch.utils import benchmark
 
 from .cases import Case
@@ -31,6 +32,10 @@ class Result:
     size: Size
     impl: str
     times: dict[str, list[float]] = field(default_factory=dict)
+    host: dict[str, list[float]] = field(default_factory=dict)
+    """Host seconds per call of each phase, one entry per block: the wall time
+    of a loop of calls that waits on nothing (a GPU's work only queued). On a
+    GPU, a step whose host time is near its time waits on the host."""
     saved_bytes: int | None = None
     saved_beyond_inputs_bytes: int | None = None
     error: str | None = None
@@ -54,11 +59,46 @@ class Result:
 
     def median(self, phase: str) -> float | None:
         """The median block's seconds per call of ``phase``, or None if it was not timed."""
-        values = sorted(self.times.get(phase) or [])
-        if not values:
-            return None
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+        return _median(self.times.get(phase))
+
+    def host_median(self, phase: str) -> float | None:
+        """The median block's host seconds per call of ``phase``, or None if not measured."""
+        return _median(self.host.get(phase))
+
+
+def _median(values: Sequence[float] | None) -> float | None:
+    ordered = sorted(values or [])
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def host_seconds(fn: Callable[[], object], calls: int, threads: int) -> float:
+    """Host seconds per call of ``fn`` over ``calls`` calls that wait on nothing.
+
+    On ``threads`` CPU threads, as the timed blocks run. The GPU is idle when the loop starts and is waited for after the clock
+    stops: what is timed is the host's side alone, the Python layer, the
+    dispatcher, the launches and whatever synchronises by itself. On a CPU
+    that is all the work.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        seconds = time.perf_counter() - start
+        _synchronize()
+    finally:
+        torch.set_num_threads(before)
+    return seconds / calls
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _calls_per_block(timer: benchmark.Timer, block_seconds: float) -> int:
@@ -78,6 +118,7 @@ def measure(
     on_block: Callable[[], None] = lambda: None,
     phases: Sequence[str] = PHASES,
     extra: Mapping[str, Callable[[], object]] | None = None,
+    host: dict[str, dict[str, list[float]]] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Seconds per call, per implementation and phase, one entry per round.
 
@@ -85,7 +126,9 @@ def measure(
     for the ``phases`` asked for, then one block of each ``extra`` callable
     (returned under its name, as phase "step").
     torch.utils.benchmark does the warm-up, sets the thread count and
-    synchronises the GPU around each block.
+    synchronises the GPU around each block. Where ``host`` is given, each
+    block of an implementation is followed by one of as many calls that wait
+    on nothing (:func:`host_seconds`), into ``host[impl][phase]``.
     """
     timers = {
         (case.impl, phase): benchmark.Timer(
@@ -99,11 +142,18 @@ def measure(
     calls = {key: _calls_per_block(timer, block_seconds) for key, timer in timers.items()}
     times: dict[str, dict[str, list[float]]] = {c.impl: {p: [] for p in phases} for c in cases}
     times.update({name: {"step": []} for name in extra or {}})
+    functions = {(case.impl, phase): case.phase(phase) for case in cases for phase in phases}
+    if host is not None:
+        host.update({c.impl: {p: [] for p in phases} for c in cases})
     for _ in range(rounds):
         for (impl, phase), timer in timers.items():
             times[impl][phase].append(timer.timeit(calls[impl, phase]).mean)
-            if impl not in (extra or {}):
-                on_block()
+            if impl in (extra or {}):
+                continue
+            if host is not None:
+                seconds = host_seconds(functions[impl, phase], calls[impl, phase], threads)
+                host[impl][phase].append(seconds)
+            on_block()
     return times
 
 
