@@ -228,6 +228,11 @@ SANITIZED_CUDA_HOST_TESTS = [
     "tests/test_cuda_work.py",
     "tests/test_fuzz.py",
 ]
+# Left out there: the accuracy bound at the GPU sizes but the smallest
+# (tests/test_cuda_persistent_16_bit.py; an accuracy check, the same kernels
+# and code paths as the odd sizes), whose emulated tensor cores take minutes
+# under the sanitizers; nox -s cuda_host runs them.
+SANITIZE_DESELECT = "not (no_less_accurate_than_nn_lstm and (s256 or s512))"
 
 
 @nox.session(python=PYTHONS[0])
@@ -270,7 +275,7 @@ def sanitize(session: nox.Session) -> None:
     )  # fmt: skip
     session.run(
         "pytest", *TEST_WORKERS, "-p", "no:cacheprovider", "-m", "cuda_host",
-        *SANITIZED_CUDA_HOST_TESTS, *session.posargs, env=host_env,
+        "-k", SANITIZE_DESELECT, *SANITIZED_CUDA_HOST_TESTS, *session.posargs, env=host_env,
     )  # fmt: skip
     # Teeth: an overrun planted in a copy of each is reported by file and line.
     session.run(

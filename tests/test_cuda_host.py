@@ -369,6 +369,133 @@ def test_what_kernels_may_not_do_is_a_fault(emulation, which):
     assert emulation.alive() == 0
 
 
+# --- The tensor cores: mma.sync m16n8k16 ---------------------------------------------------
+#
+# The probe builds each lane's fragments from the PTX ISA's layout itself; the
+# emulation must give A B + C for them, as the instruction defines it.
+
+MMA_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _bits(t: torch.Tensor) -> list[int]:
+    return [b & 0xFFFF for b in t.contiguous().view(torch.int16).flatten().tolist()]
+
+
+def _mma_operands(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(16, 16, generator=generator).to(dtype)
+    b = torch.randn(16, 8, generator=generator).to(dtype)
+    c = torch.randn(16, 8, generator=generator)
+    return a, b, c
+
+
+@pytest.mark.parametrize("threads", [32, 96], ids=lambda t: f"{t // 32}warps")
+@pytest.mark.parametrize("name", MMA_DTYPES)
+def test_mma_computes_a_b_plus_c_from_the_ptx_fragments(emulation, name, threads):
+    dtype = MMA_DTYPES[name]
+    for seed in range(3):
+        a, b, c = _mma_operands(dtype, seed)
+        got = torch.tensor(
+            emulation.mma(_bits(a), _bits(b), c.flatten().tolist(), name == "bf16", threads, -1)
+        ).reshape(16, 8)
+        want = a.double() @ b.double() + c.double()
+        # Products of 16-bit inputs are exact in float32; 16 of them and C
+        # summed in float32.
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+    # Each element is placed: a transposed or shifted reading would differ.
+    a, b, c = _mma_operands(dtype, 7)
+    got = torch.tensor(emulation.mma(_bits(a), _bits(b), [0.0] * 128, name == "bf16", 32, -1))
+    assert not torch.allclose(got.reshape(16, 8).double(), a.double().T @ b.double(), atol=1e-3)
+
+
+def test_mma_decodes_every_16_bit_value(emulation):
+    # The inputs' special values as the hardware reads them: subnormals,
+    # signed zeros, infinities (inf - inf is NaN).
+    for name, dtype in MMA_DTYPES.items():
+        tiny = torch.finfo(dtype).smallest_normal / 4  # a subnormal
+        finite = [0.0, -0.0, 1.0, -2.5, tiny, -3 * tiny, 65504.0 if name == "fp16" else 1e38, 0.5]
+        cases = {
+            "finite": finite * 2,
+            "inf": [*finite[:7], float("inf"), *finite],
+            "inf - inf": [float("inf"), -float("inf"), *finite, *finite[:6]],
+        }
+        b = torch.zeros(16, 8, dtype=dtype)
+        b[:, 0] = 1.0
+        for case, row in cases.items():
+            a = torch.zeros(16, 16, dtype=dtype)
+            a[0] = torch.tensor(row).to(dtype)
+            got = emulation.mma(_bits(a), _bits(b), [0.0] * 128, name == "bf16", 32, -1)[0]
+            want = a.double()[0].sum().item()
+            if case == "inf - inf":
+                assert got != got, (name, got)
+            elif case == "inf":
+                assert got == float("inf"), (name, got)
+            else:
+                assert got == pytest.approx(want, rel=1e-6, abs=0), (name, got, want)
+
+
+@pytest.mark.parametrize(
+    ("threads", "absent", "capability", "message"),
+    [
+        (16, -1, (9, 0), r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32 in a "
+         r"warp of 16 threads \(a block of 16\): the instruction needs all 32 lanes"),
+        (48, -1, (9, 0), r"in a warp of 16 threads \(a block of 48\)"),
+        (32, 5, (9, 0), r"a warp-collective instruction \(mma\.sync\) in warp 0 of block "
+         r"\(0,0,0\) can never complete: it waits for all 32 threads; 31 wait there, 1 "
+         r"returned without reaching it \(thread \(5,0,0\)"),
+        (32, -1, (7, 5), r"on a GPU of compute capability 7\.5: it needs 8\.0"),
+    ],
+    ids=["half_warp", "partial_last_warp", "lane_missing", "sm75"],
+)  # fmt: skip
+def test_mma_without_a_whole_warp_or_below_sm80_is_a_fault(
+    emulation, threads, absent, capability, message
+):
+    emulation.set_capability(*capability)
+    a, b, c = _mma_operands(torch.bfloat16, 0)
+    with pytest.raises(RuntimeError, match=message):
+        emulation.mma(_bits(a), _bits(b), c.flatten().tolist(), True, threads, absent)
+    assert emulation.neighbours((1, 1, 1), (8, 1, 1), True, False) == _neighbour_answers(
+        (1, 1, 1), (8, 1, 1)
+    )
+
+
+# (W rows, X rows, inner, split): a tile and less, odd edges on every side,
+# more tiles than warps, the inner dimension split.
+PRODUCT_SIZES = [(16, 8, 16, 1), (1, 1, 1, 1), (13, 5, 17, 1), (9, 17, 33, 2), (40, 33, 70, 4),
+                 (96, 3, 128, 8), (17, 40, 5, 2)]  # fmt: skip
+
+
+@pytest.mark.parametrize("k_contiguous", [True, False], ids=["w_by_rows", "w_by_columns"])
+@pytest.mark.parametrize("name", MMA_DTYPES)
+@pytest.mark.parametrize("size", PRODUCT_SIZES, ids=lambda s: "m{}-n{}-k{}-split{}".format(*s))
+def test_the_kernels_tensor_core_product(emulation, size, name, k_contiguous):
+    # csrc/cuda/lltm_cuda_tensor_cores.cuh's product, as the persistent
+    # kernels call it: W in 16 bits (rows of W_h: each along k in the
+    # forward, across in the backward), X float32 (batch rows), read as two
+    # 16-bit terms. The parts summed agree with float64 to about 16 bits of
+    # X, far below one rounding of X to the dtype.
+    ms, ns, inner, split = size
+    dtype = MMA_DTYPES[name]
+    generator = torch.Generator().manual_seed(ms * 1000 + ns * 10 + inner)
+    w = torch.randn(ms, inner, generator=generator).to(dtype)
+    x = torch.randn(ns, inner, generator=generator)
+    w_layout = w if k_contiguous else w.T.contiguous()
+    parts = torch.tensor(
+        emulation.tensor_core_product(
+            _bits(w_layout), x.flatten().tolist(), ms, ns, inner, split, k_contiguous,
+            name == "bf16", 128,
+        )
+    ).reshape(split, ms, ns)  # fmt: skip
+    got = parts.double().sum(0)
+    want = w.double() @ x.double().T
+    scale = w.double().abs() @ x.double().abs().T
+    error = ((got - want).abs() / scale).max().item()
+    assert error < 2e-5, error
+    # One rounding of X to the dtype is far worse: the split is what holds.
+    rounded = w.double() @ x.to(dtype).double().T
+    assert ((rounded - want).abs() / scale).max().item() > 10 * error
+
+
 def test_swapcontext_runs_fibers_as_the_assembly_does(emulation):
     # The emulation switches fibers with its own x86-64 code; swapcontext is
     # the fallback (other architectures, shadow stacks): both run the probes

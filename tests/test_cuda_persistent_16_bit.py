@@ -167,16 +167,27 @@ def test_16_bit_kernels_match_the_float64_oracle(
 @pytest.mark.parametrize("state", [16, 17])
 def test_both_modes_compute_the_same_bits(dtype, state):
     # The h the blocks exchange is float32 in both (16: whole 16-byte vectors
-    # of h in the cooperative mode's reads; 17: the scalar ones).
+    # of h in the cooperative mode's reads; 17: the scalar ones), and each
+    # element of the forward's product is summed the same way whatever the
+    # split of the state (the tensor cores' parts follow the instructions'
+    # steps): the forward's outputs are the same bits. The backward sums the
+    # blocks' shares of the gradient of h, and the modes split the state
+    # over different numbers of blocks here (6 and 4): its float32 sums may
+    # round differently, at most one step of the dtype apart.
     args = forward_args(7, 5, state, packed=True, reverse=False, dtype=dtype)
     results = {}
     for mode in MODES:
         with emulated(mode, "12 SMs", order="random", seed=4):
             assert path(2, 5, state).count("persistent") == 2
             outputs, grads, gate_grads, _ = run_ops(args, "dense", "both", [True] * 5)
-        results[mode] = outputs + grads + gate_grads
-    for cluster, cooperative in zip(*results.values(), strict=True):
+        results[mode] = (outputs, grads + gate_grads)
+    (cluster_outputs, cluster_grads), (cooperative_outputs, cooperative_grads) = results.values()
+    for cluster, cooperative in zip(cluster_outputs, cooperative_outputs, strict=True):
         assert torch.equal(cluster, cooperative)
+    eps = torch.finfo(dtype).eps
+    for cluster, cooperative in zip(cluster_grads, cooperative_grads, strict=True):
+        step = eps * torch.maximum(cluster.double().abs(), cooperative.double().abs())
+        assert ((cluster.double() - cooperative.double()).abs() <= step).all()
 
 
 def test_the_16_bit_per_step_path_where_disabled(monkeypatch):
@@ -268,11 +279,11 @@ def test_the_gpu_sizes_on_an_h100_in_16_bits():
     with emulated():
         rules = {size: path(2, *size) for size in ((16, 128), (8, 256), (64, 512), (256, 256))}
     forward = {size: text.splitlines()[0] for size, text in rules.items()}
-    # W_h in 16 bits: the same splits in less shared memory (W_h and h,
-    # float32, 10.1 KiB where float32 takes 16.1).
+    # W_h in 16 bits: the same splits in less shared memory (9.0 KiB where
+    # float32 takes 16.1), the products on the tensor cores.
     assert forward[16, 128] == (
         "forward: persistent, clusters: 8 groups x 16 blocks (8 state units, 2 batch rows a "
-        "block), 128 threads, 10.1 KiB shared memory"
+        "block), 128 threads, 9.0 KiB shared memory, tensor cores"
     )
     assert forward[8, 256].startswith(
         "forward: persistent, clusters: 8 groups x 16 blocks (16 state units, 1 batch row a"
@@ -281,9 +292,28 @@ def test_the_gpu_sizes_on_an_h100_in_16_bits():
     # block); in 16 bits clusters fit, with both h buffers.
     assert forward[64, 512] == (
         "forward: persistent, clusters: 8 groups x 16 blocks (32 state units, 8 batch rows a "
-        "block), 512 threads, 156.0 KiB shared memory"
+        "block), 512 threads, 138.0 KiB shared memory, tensor cores"
     )
     assert all(text.count("persistent") == 2 for text in rules.values()), rules
+    assert all(text.count(", tensor cores") == 2 for text in rules.values()), rules
+
+
+@pytest.mark.parametrize(
+    ("capability", "tensor_cores"), [((7, 5), False), ((8, 0), True), ((9, 0), True)], ids=str
+)
+def test_tensor_cores_from_compute_capability_8(capability, tensor_cores):
+    # mma.sync m16n8k16 in bf16 and fp16 exists from sm_80 on: below, the
+    # 16-bit products stay on the CUDA cores; either way they match the
+    # oracle. float32 never takes them (exact float32, no TF32).
+    for dtype in DTYPES:
+        args = forward_args(5, 11, 37, packed=True, reverse=False, dtype=dtype)
+        with emulated("cooperative") as gpu:
+            gpu.set_capability(*capability)
+            rule, float32_rule = path(2, 11, 37), path(4, 11, 37)
+            assert_matches_oracle_16_bit(args, "dense", "both", [True] * 5)
+        assert rule.count("persistent") == 2, rule
+        assert rule.count(", tensor cores") == (2 if tensor_cores else 0), rule
+        assert "tensor cores" not in float32_rule
 
 
 @pytest.mark.parametrize("batch", [1, 4])

@@ -49,9 +49,18 @@ using ForwardKernel = void (*)(ForwardArgs<T>);
 template <typename T>
 using BackwardKernel = void (*)(BackwardArgs<T>);
 
+// The kernel of a plan's mode and tile height: 1 or 4 rows, products on the
+// CUDA cores; kTensorCoreTileRows (16-bit dtypes only), on the tensor cores.
 template <typename T>
 ForwardKernel<T> forward_kernel(SequencePath path, int tile_rows) {
   using persistent::sequence_forward_kernel;
+  if constexpr (sizeof(T) == 2) {
+    if (tile_rows == kTensorCoreTileRows) {
+      return path == SequencePath::kCluster
+                 ? sequence_forward_kernel<T, kTensorCoreTileRows, ClusterExchange>
+                 : sequence_forward_kernel<T, kTensorCoreTileRows, GridExchange>;
+    }
+  }
   if (path == SequencePath::kCluster) {
     return tile_rows == 4 ? sequence_forward_kernel<T, 4, ClusterExchange>
                           : sequence_forward_kernel<T, 1, ClusterExchange>;
@@ -63,6 +72,13 @@ ForwardKernel<T> forward_kernel(SequencePath path, int tile_rows) {
 template <typename T>
 BackwardKernel<T> backward_kernel(SequencePath path, int tile_rows) {
   using persistent::sequence_backward_kernel;
+  if constexpr (sizeof(T) == 2) {
+    if (tile_rows == kTensorCoreTileRows) {
+      return path == SequencePath::kCluster
+                 ? sequence_backward_kernel<T, kTensorCoreTileRows, ClusterExchange>
+                 : sequence_backward_kernel<T, kTensorCoreTileRows, GridExchange>;
+    }
+  }
   if (path == SequencePath::kCluster) {
     return tile_rows == 4 ? sequence_backward_kernel<T, 4, ClusterExchange>
                           : sequence_backward_kernel<T, 1, ClusterExchange>;

@@ -17,7 +17,8 @@
 // Forward, a step: (1) load the next step's inputs, the gates' input
 // projections (one GEMM before the launch); (2) the matvec h_prev W_h^T of
 // the block's (row, unit) pairs, each dot product split across `dot_split`
-// threads along the state; (3) the cell's pointwise step
+// threads along the state (16-bit dtypes from sm_80 on: on the tensor
+// cores, a warp per 16 x 8 tile, lltm_cuda_tensor_cores.cuh); (3) the cell's pointwise step
 // (lltm_cuda_math.cuh, as the per-step kernels), by the thread owning the
 // pair, which writes gates, output and cells; (4) the exchange of the new h
 // between the group's blocks with ONE barrier: in cluster mode each thread
@@ -42,7 +43,8 @@
 // every step, and loads their inputs of the next step while the current one
 // runs, so that no step waits on global memory for them.
 //
-// No warp intrinsics, atomics or spin-waits: barriers only, which the host
+// No atomics, spin-waits or warp shuffles: barriers, and in 16 bits the
+// tensor cores' mma.sync (a warp-collective instruction), which the host
 // build's emulated GPU runs as they are.
 #pragma once
 

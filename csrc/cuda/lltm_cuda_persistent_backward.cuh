@@ -4,8 +4,9 @@
 // functions below, the forward's steps last first: load_step_inputs (of the
 // next step, while this one runs), gate_gradients (the pointwise math, the
 // writes), send_h_gradient_shares (the matvec with W_h, each unit's share
-// sent to the block owning it), then the barrier and sum_h_gradient_shares
-// (the carried gradient of h).
+// sent to the block owning it; in 16 bits on sm_80 and later
+// send_h_gradient_shares_tensor_cores), then the barrier and
+// sum_h_gradient_shares (the carried gradient of h).
 //
 // 16-bit dtypes: the inputs are widened to float32, in which the gradients
 // are carried, the gate gradients kept for the matvec and the shares sent;
@@ -21,6 +22,7 @@
 #include "lltm_cuda_persistent.cuh"
 #include "lltm_cuda_persistent_plan.h"
 #include "lltm_cuda_runtime.h"
+#include "lltm_cuda_tensor_cores.cuh"
 
 namespace lltm::cuda::persistent {
 
@@ -214,6 +216,25 @@ __device__ __forceinline__ int64_t global_share_offset(int parity, unsigned bloc
   return ((int64_t(parity) * blocks + sender) * batch_size + batch_row) * state_size + unit;
 }
 
+// Block `block`'s share of the gradient of h at (row of the group, unit of
+// the state), to the block owning the unit.
+template <typename T, typename Exchange>
+__device__ __forceinline__ void send_share(const BackwardArgs<T>& args,
+                                           const BackwardShared<T>& shared, const BlockSlice& slice,
+                                           unsigned block, int parity, int row, int unit,
+                                           acc_t<T> share) {
+  const int owner = unit / slice.units_per_block;
+  if constexpr (Exchange::kCluster) {
+    acc_t<T>* slot =
+        shared.received_shares + received_share_offset(parity, gridDim.x, block, slice, row,
+                                                       unit - owner * slice.units_per_block);
+    *Exchange::peer(slot, static_cast<unsigned>(owner)) = share;
+  } else {
+    args.shares[global_share_offset(parity, gridDim.x, block, args.batch_size,
+                                    slice.first_row + row, slice.state_size, unit)] = share;
+  }
+}
+
 // The block's share of gate_grads W_h for every unit of the state and active
 // row: thread (chunk, tile) sums over the slice's 3U rows for kTileRows rows
 // and a 16-byte chunk of units (threads of one tile read consecutive chunks
@@ -257,19 +278,31 @@ __device__ __forceinline__ void send_h_gradient_shares(const BackwardArgs<T>& ar
 #pragma unroll
       for (int v = 0; v < kChunk; ++v) {
         const int unit = chunk * kChunk + v;  // of the state
-        if (unit >= state_size) continue;
-        const int owner = unit / units;
-        if constexpr (Exchange::kCluster) {
-          M* slot = shared.received_shares + received_share_offset(parity, gridDim.x, block, slice,
-                                                                   row, unit - owner * units);
-          *Exchange::peer(slot, static_cast<unsigned>(owner)) = sums[r][v];
-        } else {
-          args.shares[global_share_offset(parity, gridDim.x, block, args.batch_size,
-                                          slice.first_row + row, state_size, unit)] = sums[r][v];
+        if (unit < state_size) {
+          send_share<T, Exchange>(args, shared, slice, block, parity, row, unit, sums[r][v]);
         }
       }
     }
   }
+}
+
+// The same shares on the tensor cores (lltm_cuda_tensor_cores.cuh): W_h's
+// slice transposed (every unit of the state by the slice's 3U rows) times
+// the step's gate gradients of the active rows. Plans of
+// kTensorCoreTileRows, 16-bit dtypes only.
+template <typename T, typename Exchange>
+__device__ __forceinline__ void send_h_gradient_shares_tensor_cores(const BackwardArgs<T>& args,
+                                                                    const BackwardShared<T>& shared,
+                                                                    const BlockSlice& slice,
+                                                                    unsigned block, int active,
+                                                                    int parity) {
+  const int gate_rows = 3 * slice.units_per_block;  // the product's inner dimension
+  tensor_core_product<T>(shared.weight_slice, /*m_stride=*/1, /*k_stride=*/slice.pitch,
+                         shared.gate_grads, gate_rows, slice.state_size, active, gate_rows,
+                         /*split=*/1, [&](int, int unit, int row, float share) {
+                           send_share<T, Exchange>(args, shared, slice, block, parity, row, unit,
+                                                   share);
+                         });
 }
 
 // After the barrier: the carried gradient of h of each active pair of the
@@ -368,7 +401,11 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
     // Two buffers of shares, used in turn: a block may send the next step's
     // while another still sums this step's.
     const int parity = int(k & 1);
-    send_h_gradient_shares<T, kTileRows, Exchange>(args, shared, slice, block, active, parity);
+    if constexpr (kTileRows == kTensorCoreTileRows) {
+      send_h_gradient_shares_tensor_cores<T, Exchange>(args, shared, slice, block, active, parity);
+    } else {
+      send_h_gradient_shares<T, kTileRows, Exchange>(args, shared, slice, block, active, parity);
+    }
     Exchange::sync();
     sum_h_gradient_shares<T, Exchange>(args, shared, slice, pairs, active, parity);
     step = next;

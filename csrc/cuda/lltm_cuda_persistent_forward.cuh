@@ -1,7 +1,8 @@
 // The persistent forward kernel: every step of sequence_forward's recurrence
 // in one launch (the scheme: lltm_cuda_persistent.cuh). A step, in the
 // functions below: load_step_inputs (of the next step, while this one runs),
-// recurrent_matvec (h_prev W_h^T), cell_step (the pointwise math, the
+// recurrent_matvec (h_prev W_h^T; in 16 bits on sm_80 and later
+// recurrent_matvec_tensor_cores), cell_step (the pointwise math, the
 // writes), exchange_h (the new h to every block of the group).
 //
 // The h the blocks exchange is in the math type, float32 for 16-bit dtypes:
@@ -23,6 +24,7 @@
 #include "lltm_cuda_persistent.cuh"
 #include "lltm_cuda_persistent_plan.h"
 #include "lltm_cuda_runtime.h"
+#include "lltm_cuda_tensor_cores.cuh"
 
 namespace lltm::cuda::persistent {
 
@@ -203,6 +205,25 @@ __device__ __forceinline__ void recurrent_matvec(const ForwardShared<T>& shared,
   }
 }
 
+// The same partial sums on the tensor cores (lltm_cuda_tensor_cores.cuh):
+// the slice's 3U rows of W_h times h_prev (the step's active rows), the
+// state split `dot_split` ways along the instructions' steps. Plans of
+// kTensorCoreTileRows, 16-bit dtypes only.
+template <typename T>
+__device__ __forceinline__ void recurrent_matvec_tensor_cores(const ForwardShared<T>& shared,
+                                                              const float* h_prev,
+                                                              const BlockSlice& slice, int active,
+                                                              int dot_split) {
+  const int gate_rows = 3 * slice.units_per_block;
+  const int rows = slice.rows_per_group;
+  float* partial_sums = shared.partial_sums;
+  tensor_core_product<T>(shared.weight_slice, /*m_stride=*/slice.pitch, /*k_stride=*/1, h_prev,
+                         slice.pitch, gate_rows, active, slice.state_size, dot_split,
+                         [&](int part, int gate_row, int row, float value) {
+                           partial_sums[(part * rows + row) * gate_rows + gate_row] = value;
+                         });
+}
+
 // The cell of each active pair of the thread: its pre-activations (the
 // input projection plus the dot product's parts, added in part order), the
 // activations, the new cell and h, written to gates, output and cells as the
@@ -353,7 +374,11 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
     const int active = active_rows(step, slice);
     // Cluster mode: step k reads h buffer k mod 2 and pushes into the other.
     const M* h_prev = shared.h_buffers + (Exchange::kCluster ? int(k & 1) * h_buffer_size : 0);
-    recurrent_matvec<T, kTileRows>(shared, h_prev, slice, active, args.dot_split);
+    if constexpr (kTileRows == kTensorCoreTileRows) {
+      recurrent_matvec_tensor_cores<T>(shared, h_prev, slice, active, args.dot_split);
+    } else {
+      recurrent_matvec<T, kTileRows>(shared, h_prev, slice, active, args.dot_split);
+    }
     __syncthreads();
     // Where the step's h goes for the next step: none after the last, nor
     // in cooperative mode where `output` holds it exactly.

@@ -22,6 +22,14 @@
 // the exchanged h and the partial sums, in float32, the arithmetic's
 // precision. The layout is therefore in bytes, by element size.
 //
+// The products: on GPUs of compute capability 8.0 and later the 16-bit
+// kernels run the recurrent products on the tensor cores
+// (lltm_cuda_tensor_cores.cuh: a warp per 16 x 8 tile, mma.sync m16n8k16,
+// the 8 columns batch rows); elsewhere, and for float32 and float64, each
+// thread sums dot products on the CUDA cores. The plan says which by its
+// tile height: 8 batch rows, an instruction's, for the tensor cores; 1 or 4
+// rows of a thread's tile for the CUDA cores.
+//
 // Plain C++ (no CUDA types): lltm_cuda_library_exports.cpp, compiled by the
 // host compiler, and the tests' emulated GPU see the same rule.
 #pragma once
@@ -45,6 +53,12 @@ constexpr int kPersistentPairs = 2;
 // Distinct batch sizes of a packed sequence the launch's parameters carry (a
 // packed sequence with more takes the per-step path).
 constexpr int kPersistentMaxRuns = 256;
+// The tile height of plans whose products run on the tensor cores (the
+// batch rows of an mma.sync m16n8k16: its N), and the rows of W_h (M) and
+// inner elements (K) of one instruction.
+constexpr int kTensorCoreTileRows = 8;
+constexpr int kTensorCoreTileWeights = 16;
+constexpr int kTensorCoreInner = 16;
 // Cluster sizes: 8 is portable, 16 needs the non-portable attribute and a GPU
 // whose occupancy calculator accepts it.
 constexpr int kPortableClusterSize = 8;
@@ -97,9 +111,11 @@ struct SequencePlan {
   int64_t group_rows = 0;  // batch rows of a group (the last group may have fewer)
   int threads = 0;         // a block's
   int split = 1;           // forward: threads sharing one dot product (split along S)
-  int tile_rows = 1;       // batch rows of a thread's tile in the products: 1 or 4
-  int64_t pitch = 0;       // elements between rows of W_h (and of h) in shared memory
-  SharedLayout layout;     // bytes
+  // Batch rows of a thread's tile in the products: 1 or 4 on the CUDA
+  // cores; kTensorCoreTileRows for a warp's tile on the tensor cores.
+  int tile_rows = 1;
+  int64_t pitch = 0;    // elements between rows of W_h (and of h) in shared memory
+  SharedLayout layout;  // bytes
   int64_t shared_bytes = 0;
   std::string reason;  // per-step: why
 
@@ -155,47 +171,68 @@ inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int elem
 }
 
 // Threads, split and tile height of a block of `rows` x `units` pairs, or
-// threads = 0 when no block can own that many pairs. Forward: a thread per
+// threads = 0 when no block can own that many pairs. Between 128 and
+// kPersistentMaxThreads threads. On the CUDA cores: forward, a thread per
 // (row tile, unit, part of S), about eight 16-byte chunks of S a part;
-// backward: a thread per (row tile, 16 bytes of the state). Between 128 and
-// kPersistentMaxThreads threads.
+// backward, a thread per (row tile, 16 bytes of the state). On the tensor
+// cores (`tensor_cores`): a warp per 16 x 8 tile of the product (forward:
+// 3U x rows, in parts of about four instructions' steps along S; backward:
+// S x rows).
 struct BlockShape {
   int threads = 0, split = 1, tile_rows = 1;
 };
 
 inline BlockShape block_shape(SequencePass pass, int element_size, int64_t state, int64_t units,
-                              int64_t rows) {
+                              int64_t rows, bool tensor_cores) {
   BlockShape b;
-  b.tile_rows = rows >= 4 ? 4 : 1;
   const int64_t pairs = rows * units;
-  const int64_t row_tiles = plan_ceil_div(rows, b.tile_rows);
-  const int64_t chunks = plan_ceil_div(state, vector_elements(element_size));
-  const int64_t work = pass == SequencePass::kForward
-                           ? row_tiles * units * std::max<int64_t>(1, chunks / 8)
-                           : row_tiles * chunks;
+  const bool forward = pass == SequencePass::kForward;
+  int64_t work = 0, tiles = 0, steps = 0;  // threads wanted; a split's tiles, and its steps
+  if (tensor_cores) {
+    b.tile_rows = kTensorCoreTileRows;
+    const int64_t row_tiles = plan_ceil_div(rows, kTensorCoreTileRows);
+    const int64_t weight_rows = forward ? 3 * units : state;
+    tiles = 32 * row_tiles * plan_ceil_div(weight_rows, kTensorCoreTileWeights);  // a warp a tile
+    steps = plan_ceil_div(state, kTensorCoreInner);
+    work = forward ? tiles * std::max<int64_t>(1, steps / 4) : tiles;
+  } else {
+    b.tile_rows = rows >= 4 ? 4 : 1;
+    const int64_t row_tiles = plan_ceil_div(rows, b.tile_rows);
+    steps = plan_ceil_div(state, vector_elements(element_size));  // 16-byte chunks
+    tiles = row_tiles * units;
+    work = forward ? tiles * std::max<int64_t>(1, steps / 8) : row_tiles * steps;
+  }
   const int64_t need = std::max(plan_ceil_div(pairs, kPersistentPairs), work);
   int threads = 128;
   while (threads < need && threads < kPersistentMaxThreads) threads *= 2;
   if (pairs > int64_t(threads) * kPersistentPairs) return b;  // threads = 0
   b.threads = threads;
-  if (pass == SequencePass::kForward) {
-    const int64_t tiles = row_tiles * units;
-    while (int64_t(b.split) * 2 <= chunks && int64_t(b.split) * 2 * tiles <= threads) b.split *= 2;
+  if (forward) {
+    while (int64_t(b.split) * 2 <= steps && int64_t(b.split) * 2 * tiles <= threads) b.split *= 2;
   }
   return b;
+}
+
+// Whether the products of a plan for this device and dtype run on the
+// tensor cores: 16-bit dtypes from compute capability 8.0 on (mma.sync
+// m16n8k16 in bf16 and fp16).
+inline bool tensor_core_products(int element_size, int major) {
+  return element_size == 2 && major >= 8;
 }
 
 // The plan for `blocks` x `groups` blocks of the given mode; its split
 // halved while its shared memory exceeds `shared_limit` (bytes), which it may
 // still exceed.
 inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_size, int64_t batch,
-                            int64_t state, int blocks, int64_t group_rows, int64_t shared_limit) {
+                            int64_t state, int blocks, int64_t group_rows, int64_t shared_limit,
+                            bool tensor_cores) {
   SequencePlan p;
   p.units = plan_ceil_div(state, blocks);
   p.blocks = static_cast<int>(plan_ceil_div(state, p.units));
   p.group_rows = group_rows;
   p.groups = static_cast<int>(plan_ceil_div(batch, group_rows));
-  const BlockShape shape = block_shape(pass, element_size, state, p.units, group_rows);
+  const BlockShape shape =
+      block_shape(pass, element_size, state, p.units, group_rows, tensor_cores);
   p.threads = shape.threads;
   p.split = shape.split;
   p.tile_rows = shape.tile_rows;
@@ -244,8 +281,9 @@ SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, i
     // plan fits: the first that fits has the most blocks for this P.
     for (int64_t rows = plan_ceil_div(batch, most_groups); rows <= batch; ++rows) {
       if (rows > 1 && plan_ceil_div(batch, rows) == plan_ceil_div(batch, rows - 1)) continue;
-      const SequencePlan p = plan_of(pass, path, element_size, batch, state,
-                                     static_cast<int>(blocks), rows, device.shared_per_block);
+      const SequencePlan p =
+          plan_of(pass, path, element_size, batch, state, static_cast<int>(blocks), rows,
+                  device.shared_per_block, tensor_core_products(element_size, device.major));
       if (p.threads == 0) break;                            // more rows: more pairs
       if (p.shared_bytes > device.shared_per_block) break;  // more rows need more
       if (!fits(p)) continue;
@@ -336,7 +374,8 @@ inline std::string describe(const SequencePlan& p) {
          count(p.groups, "group", "groups") + " x " + count(p.blocks, "block", "blocks") + " (" +
          count(p.units, "state unit", "state units") + ", " +
          count(p.group_rows, "batch row", "batch rows") + " a block), " +
-         count(p.threads, "thread", "threads") + ", " + kib(p.shared_bytes) + " shared memory";
+         count(p.threads, "thread", "threads") + ", " + kib(p.shared_bytes) + " shared memory" +
+         (p.tile_rows == kTensorCoreTileRows ? ", tensor cores" : "");
 }
 
 }  // namespace lltm::cuda

@@ -47,6 +47,22 @@ inline uint64_t device_epoch() { return ::lltm::cuda_host::gpu_epoch(); }
 // that queries it must (the kernel attributes set there are the device's):
 // -1, the emulated GPU of CPU tensors, as the ops' DeviceGuard selects it.
 inline cudaError_t select_device(int device) { return ::lltm::cuda_host::select_device(device); }
+// The warp's mma.sync m16n8k16 (see the nvcc build's below), on the
+// emulated GPU's tensor cores; the pair in one rendezvous of the warp.
+template <bool kBFloat16>
+inline void warp_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  ::lltm::cuda_host::mma_m16n8k16(
+      kBFloat16 ? ::lltm::cuda_host::MmaInput::kBFloat16 : ::lltm::cuda_host::MmaInput::kFloat16, d,
+      a, &b, 1);
+}
+template <bool kBFloat16>
+inline void warp_mma_m16n8k16_pair(float (&d)[4], const uint32_t (&a)[4],
+                                   const uint32_t (&first)[2], const uint32_t (&second)[2]) {
+  const uint32_t b[2][2] = {{first[0], first[1]}, {second[0], second[1]}};
+  ::lltm::cuda_host::mma_m16n8k16(
+      kBFloat16 ? ::lltm::cuda_host::MmaInput::kBFloat16 : ::lltm::cuda_host::MmaInput::kFloat16, d,
+      a, b, 2);
+}
 }  // namespace lltm::cuda
 
 #else
@@ -94,6 +110,45 @@ namespace cg = cooperative_groups;
 __device__ __forceinline__ unsigned char* dynamic_shared_memory() {
   extern __shared__ __align__(16) unsigned char lltm_dynamic_shared[];
   return lltm_dynamic_shared;
+}
+
+// d = A B + d on the tensor cores: the warp's
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, each
+// lane holding the fragments the PTX ISA lays out for it
+// (lltm_cuda_tensor_cores.cuh), every lane of the warp taking part. From
+// sm_80 on; the plan never picks it below, and code compiled for older GPUs
+// stops at once.
+template <bool kBFloat16>
+__device__ __forceinline__ void warp_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4],
+                                                  const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kBFloat16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  __trap();
+#endif
+}
+
+// d = A first + d, then d = A second + d: two instructions sharing A (one
+// rendezvous of the warp in the host build's emulation).
+template <bool kBFloat16>
+__device__ __forceinline__ void warp_mma_m16n8k16_pair(float (&d)[4], const uint32_t (&a)[4],
+                                                       const uint32_t (&first)[2],
+                                                       const uint32_t (&second)[2]) {
+  warp_mma_m16n8k16<kBFloat16>(d, a, first);
+  warp_mma_m16n8k16<kBFloat16>(d, a, second);
 }
 #endif
 }  // namespace lltm::cuda

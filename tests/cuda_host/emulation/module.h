@@ -1,7 +1,7 @@
 // The functions of the host build's `emulation` module (test-only) that
 // module.cpp's table takes from other files: the probes of kernels with
 // barriers and shared memory, and of cudaLaunchKernelEx's checks
-// (probes.cpp).
+// (probes.cpp), and of the tensor cores (tensor_core_probes.cpp).
 #pragma once
 
 #include <Python.h>
@@ -38,6 +38,9 @@ PyObject* misuse(PyObject*, PyObject* args);
 PyObject* alive(PyObject*, PyObject*);
 PyObject* launch_check(PyObject*, PyObject* args);
 PyObject* occupancy(PyObject*, PyObject* args);
+// tensor_core_probes.cpp
+PyObject* mma(PyObject*, PyObject* args);
+PyObject* tensor_core_product(PyObject*, PyObject* args);
 PyObject* max_active_clusters(PyObject*, PyObject* args);
 PyObject* device_attribute(PyObject*, PyObject* args);
 PyObject* set_schedule(PyObject*, PyObject* args);

@@ -1,5 +1,6 @@
 // The fibers of fibers.h: stacks, the context switch, rounds,
-// barriers, shared memory and the faults of a barrier that cannot complete.
+// barriers (warp collectives' among them), shared memory and the faults of
+// a barrier that cannot complete.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -286,11 +287,22 @@ struct Fiber {
   BarrierKind waiting = BarrierKind::kBlock;
   bool cancelled = false;
   void* fake_stack = nullptr;  // ASan's, while it waits
+  uint32_t exchanges = 0;      // warp_exchange calls so far: which buffer the next uses
 };
 
 struct Barrier {
   uint32_t participants = 0;
   std::vector<uint32_t> waiters;  // fibers, in the order they arrived
+};
+
+// A warp's rendezvous for its collectives, with two exchange buffers used
+// in turn: a lane can reach its next-but-one exchange only after every lane
+// has arrived at the next one, so after each has read this one's. Allocated
+// at a warp's first collective.
+struct Warp {
+  Barrier barrier;
+  // 2 x (32 lanes x kWarpExchangeBytes, then kWarpScratchBytes)
+  std::unique_ptr<unsigned char[]> buffers;
 };
 
 struct Block {
@@ -299,6 +311,7 @@ struct Block {
   uint32_t cluster = 0;  // index into Unit::clusters
   uint32_t live = 0;     // threads not yet returned
   Barrier barrier;
+  std::vector<Warp> warps;
 };
 
 struct Cluster {
@@ -415,6 +428,8 @@ const char* barrier_name(BarrierKind kind) {
       return "cg::this_cluster().sync()";
     case BarrierKind::kGrid:
       return "cg::this_grid().sync()";
+    case BarrierKind::kWarp:
+      return "a warp-collective instruction (mma.sync)";
   }
   return "a barrier";
 }
@@ -435,6 +450,14 @@ std::string kernel_name(const void* kernel) {
   return "a kernel";
 }
 
+// The warp of a fiber: its thread's linear index in the block over 32.
+uint32_t linear_thread(const FiberLaunch& launch, const uint3& t) {
+  return (t.z * launch.block.y + t.y) * launch.block.x + t.x;
+}
+uint32_t warp_of(const FiberLaunch& launch, const Fiber& fiber) {
+  return linear_thread(launch, fiber.thread) / 32;
+}
+
 // Why the unit cannot go on: the barrier that the first waiting fiber waits
 // at, and what the other threads it covers do instead.
 std::string describe_stall(const Unit& unit) {
@@ -452,10 +475,12 @@ std::string describe_stall(const Unit& unit) {
         return unit.blocks[f.block].cluster == block.cluster;
       case BarrierKind::kGrid:
         return true;
+      case BarrierKind::kWarp:
+        return f.block == waiter.block && warp_of(*unit.launch, f) == warp_of(*unit.launch, waiter);
     }
     return false;
   };
-  std::size_t total = 0, here = 0, exited = 0, elsewhere[3] = {0, 0, 0};
+  std::size_t total = 0, here = 0, exited = 0, elsewhere[4] = {0, 0, 0, 0};
   const Fiber* first_exited = nullptr;
   for (const Fiber& f : unit.fibers) {
     if (!covered(f)) continue;
@@ -481,6 +506,9 @@ std::string describe_stall(const Unit& unit) {
     case BarrierKind::kGrid:
       s << "the grid";
       break;
+    case BarrierKind::kWarp:
+      s << "warp " << warp_of(*unit.launch, waiter) << " of block " << coordinates(block.index);
+      break;
   }
   s << " can never complete: it waits for all " << total << " threads; " << here << " wait there";
   if (exited > 0) {
@@ -488,7 +516,7 @@ std::string describe_stall(const Unit& unit) {
       << coordinates(first_exited->thread) << " of block "
       << coordinates(unit.blocks[first_exited->block].index) << " first)";
   }
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < 4; ++k) {
     if (elsewhere[k] > 0) {
       s << ", " << elsewhere[k] << " wait at " << barrier_name(static_cast<BarrierKind>(k));
     }
@@ -638,6 +666,11 @@ void build_unit(Unit& unit, const std::vector<uint3>& blocks) {
     block.live = threads;
     block.barrier.participants = threads;
     block.barrier.waiters.clear();
+    block.warps.resize((threads + 31) / 32);
+    for (uint32_t w = 0; w < block.warps.size(); ++w) {
+      block.warps[w].barrier.participants = std::min<uint32_t>(32, threads - 32 * w);
+      block.warps[w].barrier.waiters.clear();
+    }
 
     uint32_t t = b * threads;
     for (unsigned z = 0; z < launch.block.z; ++z)
@@ -731,23 +764,13 @@ void run_fibers(const FiberLaunch& launch, const KernelCall& call) {
   }
 }
 
-void barrier(BarrierKind kind) {
-  Unit& unit = unit_of_fiber(barrier_name(kind));
-  if (kind == BarrierKind::kGrid && !unit.launch->cooperative) {
-    fault("in " + kernel_name(unit.call->kernel) +
-          ", cg::this_grid().sync() in a launch without cudaLaunchAttributeCooperative: "
-          "only a cooperative launch has all its blocks on the GPU at once");
-  }
-  if (kind == BarrierKind::kCluster) check_clusters(unit, "cg::this_cluster().sync()");
-  if (unit.dropped & (1u << static_cast<int>(kind))) return;
+namespace {
 
-  Fiber& fiber = *current.fiber;
+// The current fiber waits at barrier `b` of kind `kind` until every thread
+// it covers has arrived.
+void wait_at(Unit& unit, Fiber& fiber, Barrier& b, BarrierKind kind) {
   if (fiber.cancelled) throw Cancelled{};
   const auto index = static_cast<uint32_t>(&fiber - unit.fibers.data());
-  Block& block = unit.blocks[fiber.block];
-  Barrier& b = kind == BarrierKind::kBlock     ? block.barrier
-               : kind == BarrierKind::kCluster ? unit.clusters[block.cluster].barrier
-                                               : unit.grid;
   fiber.state = State::kWaiting;
   fiber.waiting = kind;
   b.waiters.push_back(index);
@@ -760,6 +783,54 @@ void barrier(BarrierKind kind) {
   finish_switch(fiber.fake_stack, nullptr, nullptr);
   // Resumed: in the next round, or to end.
   if (fiber.cancelled) throw Cancelled{};
+}
+
+}  // namespace
+
+void barrier(BarrierKind kind) {
+  Unit& unit = unit_of_fiber(barrier_name(kind));
+  if (kind == BarrierKind::kGrid && !unit.launch->cooperative) {
+    fault("in " + kernel_name(unit.call->kernel) +
+          ", cg::this_grid().sync() in a launch without cudaLaunchAttributeCooperative: "
+          "only a cooperative launch has all its blocks on the GPU at once");
+  }
+  if (kind == BarrierKind::kCluster) check_clusters(unit, "cg::this_cluster().sync()");
+  if (kind != BarrierKind::kWarp && (unit.dropped & (1u << static_cast<int>(kind)))) return;
+
+  Fiber& fiber = *current.fiber;
+  Block& block = unit.blocks[fiber.block];
+  wait_at(unit, fiber,
+          kind == BarrierKind::kBlock     ? block.barrier
+          : kind == BarrierKind::kCluster ? unit.clusters[block.cluster].barrier
+          : kind == BarrierKind::kWarp    ? block.warps[warp_of(*unit.launch, fiber)].barrier
+                                          : unit.grid,
+          kind);
+}
+
+WarpExchange warp_exchange(const void* mine, std::size_t bytes, const char* what) {
+  Unit& unit = unit_of_fiber(what);
+  if (bytes > kWarpExchangeBytes) fault(std::string(what) + ": an exchange larger than emulated");
+  Fiber& fiber = *current.fiber;
+  const FiberLaunch& launch = *unit.launch;
+  const uint32_t thread = linear_thread(launch, fiber.thread);
+  Warp& warp = unit.blocks[fiber.block].warps[thread / 32];
+  if (warp.barrier.participants != 32) {
+    fault("in " + kernel_name(unit.call->kernel) + ", " + what + " in a warp of " +
+          std::to_string(warp.barrier.participants) + " threads (a block of " +
+          std::to_string(block_threads(launch)) +
+          "): the instruction needs all 32 lanes (on a GPU: undefined behaviour)");
+  }
+  constexpr std::size_t kBuffer = 32 * kWarpExchangeBytes + kWarpScratchBytes;
+  if (!warp.buffers) warp.buffers = std::make_unique<unsigned char[]>(2 * kBuffer);
+  unsigned char* buffer = warp.buffers.get() + (fiber.exchanges++ & 1) * kBuffer;
+  unsigned char* scratch = buffer + 32 * kWarpExchangeBytes;
+  const unsigned lane = thread % 32;
+  std::memcpy(buffer + lane * bytes, mine, bytes);
+  // Every lane arrives before any resumes, and none still reads this
+  // buffer's last exchange (see Warp): the flag is down for the first.
+  scratch[0] = 0;
+  wait_at(unit, fiber, warp.barrier, BarrierKind::kWarp);
+  return {buffer, scratch, lane};
 }
 
 unsigned char* shared_memory() {

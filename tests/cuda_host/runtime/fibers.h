@@ -2,7 +2,7 @@
 // (fibers.cpp): each CUDA thread of a cudaLaunchKernelEx
 // launch is a fiber, a stack of its own that the launching thread switches
 // to and from, so that a thread can stop at a barrier and let the others of
-// its block, cluster or grid reach it.
+// its warp, block, cluster or grid reach it.
 //
 // A launch runs in units whose threads may wait for one another: a
 // cooperative launch is one unit (its grid barrier covers every thread), a
@@ -27,7 +27,9 @@
 
 namespace lltm::cuda_host {
 
-enum class BarrierKind : int { kBlock = 0, kCluster = 1, kGrid = 2 };
+// kWarp: the lanes of one warp (32 threads of the block in linear order),
+// the rendezvous of a warp-collective instruction (warp_exchange below).
+enum class BarrierKind : int { kBlock = 0, kCluster = 1, kGrid = 2, kWarp = 3 };
 
 // A kernel with its arguments bound: invoke(context) runs it as the current
 // thread (threadIdx, blockIdx) of the launch.
@@ -55,6 +57,24 @@ void run_fibers(const FiberLaunch& launch, const KernelCall& call);
 // cooperative launch, and for a cluster on compute capability below 9.0.
 void barrier(BarrierKind kind);
 
+// A warp-collective instruction's exchange: every lane of the current
+// thread's warp passes `bytes` (at most kWarpExchangeBytes) and, once every
+// lane has arrived (a warp barrier), gets back all of them (`lanes`: lane
+// l's at l * bytes), its own lane and the exchange's `scratch` (kWarpScratchBytes shared
+// by its lanes, for a result computed once for all of them: its first byte
+// is 0 when the first lane resumes). Both stay valid until the lane's next
+// call. Faults outside a cudaLaunchKernelEx launch and in a warp of fewer
+// than 32 threads (a block whose size is not a multiple of 32): the
+// collectives lltm emulates (mma.sync) need every lane.
+constexpr std::size_t kWarpExchangeBytes = 64;
+constexpr std::size_t kWarpScratchBytes = 2048;
+struct WarpExchange {
+  const unsigned char* lanes;
+  unsigned char* scratch;
+  unsigned lane;  // the calling thread's
+};
+WarpExchange warp_exchange(const void* mine, std::size_t bytes, const char* what);
+
 // The current block's arena; faults outside a cudaLaunchKernelEx launch.
 unsigned char* shared_memory();
 
@@ -73,7 +93,9 @@ enum class Order : int { kForward = 0, kReverse = 1, kRandom = 2 };
 void set_schedule(Order order, uint64_t seed);
 
 // Barriers of these kinds return at once from now on (a bit per
-// BarrierKind; 0: none), so that a test can show a kernel needs them.
+// BarrierKind; 0: none), so that a test can show a kernel needs them. A
+// warp collective's own rendezvous is not a barrier the kernel wrote: it
+// is never dropped.
 void drop_barriers(unsigned kinds);
 
 // How one fiber switches to another: the emulation's own x86-64 code (the

@@ -23,6 +23,9 @@
 //     in the schedule's order between barriers (forward, reverse or seeded
 //     random, so that a race shows); a barrier that can never complete is a
 //     fault that names it, never a hang;
+//   * the tensor cores' mma.sync m16n8k16 in bf16 and fp16 (tensor_cores.h),
+//     each lane with the fragments the PTX ISA lays out, exchanged at a warp
+//     rendezvous (fibers.h): a lane missing or a fragment misplaced shows;
 //   * LLTM_CHECK_ALIGNED: every vector (Pack) load and store is aligned, as
 //     the GPU requires (where it would fault, this throws);
 //   * the emulated GPU (gpu.h): an H100's attributes and
@@ -51,3 +54,4 @@
 #include "groups.h"
 #include "language.h"
 #include "launch.h"
+#include "tensor_cores.h"

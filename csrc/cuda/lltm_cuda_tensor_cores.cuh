@@ -1,0 +1,130 @@
+// A block's product on the tensor cores, for the persistent kernels' 16-bit
+// recurrence (lltm_cuda_persistent_forward.cuh, _backward.cuh):
+// D(m, n) = sum_k W(m, k) X(n, k), with W the block's slice of W_h in 16
+// bits (its gate rows in the forward, the state's units in the backward: M)
+// and X float32 in shared memory, a row per batch row (the running h, or
+// the step's gate gradients: N), D float32. Each warp computes 16 x 8 tiles
+// of D with mma.sync m16n8k16 (warp_mma_m16n8k16_pair,
+// lltm_cuda_runtime.h) in float32 accumulators. The batch is the instruction's N, 8 rows, as the
+// blocks' groups have few rows (2 to 24 at the GPU sizes): as M it would
+// leave more of each instruction idle.
+//
+// X is float32 and stays so: each of its elements enters the product as two
+// 16-bit terms, high = T(x) and low = T(x - high), so that the product
+// reads x to about 16 significant bits (bf16: 8 + 8; fp16: 11 + 11), two
+// instructions per tile, where x rounded once to 16 bits would put that
+// rounding into every step's recurrent input and the steps after it carry it
+// on (tests/test_cuda_persistent_16_bit.py holds the result to nn.LSTM's own
+// error). W_h is in T already: its products are exact in float32.
+//
+// fp16's range bounds X's terms: a value past 65504 is inf in `high`, as
+// the same value is in the d_gates the backward writes in fp16.
+//
+// Fragments, as the PTX ISA lays them out for m16n8k16 (lane = 4 group +
+// t): A's rows group and group + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9; B's
+// rows (k) 2t, 2t + 1, 2t + 8, 2t + 9 of column group; D's rows group and
+// group + 8, columns 2t and 2t + 1. Elements past the product's edges read
+// as zero (never memory past them), so that any size works.
+#pragma once
+
+#include <torch/headeronly/util/BFloat16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "lltm_cuda_runtime.h"
+
+namespace lltm::cuda {
+
+constexpr int kMmaRows = 16;   // M: rows of a tile of D (of W)
+constexpr int kMmaCols = 8;    // N: columns of a tile of D (batch rows)
+constexpr int kMmaInner = 16;  // K: the inner dimension of one instruction
+
+// Two elements of T, the first in the low half, as a fragment register
+// holds them.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(T first, T second) {
+  return uint32_t(first.x) | (uint32_t(second.x) << 16);
+}
+
+// A lane's A fragment: W's tile at (m0, k0), W(m, k) = w[m * m_stride +
+// k * k_stride]; zero at m >= ms or k >= inner.
+template <typename T>
+__device__ __forceinline__ void load_a(const T* w, int m_stride, int k_stride, int m0, int k0,
+                                       int ms, int inner, uint32_t (&fragment)[4]) {
+  const int lane = int(threadIdx.x % 32);
+  const int group = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {  // register r: row + 8 for odd r, k + 8 from r = 2
+    const int m = m0 + group + (r % 2) * 8;
+    const int k = k0 + 2 * t + (r / 2) * 8;
+    const T* at = w + m * m_stride + k * k_stride;
+    const T first = m < ms && k < inner ? at[0] : T(0.0f);
+    const T second = m < ms && k + 1 < inner ? at[k_stride] : T(0.0f);
+    fragment[r] = pack_pair(first, second);
+  }
+}
+
+// A lane's B fragment: X's tile at (k0, n0), B(k, n) = X(n, k) =
+// x[n * ldx + k], split in its high and low 16-bit terms; zero at
+// n >= ns or k >= inner.
+template <typename T>
+__device__ __forceinline__ void load_b_split(const float* x, int ldx, int k0, int n0, int ns,
+                                             int inner, uint32_t (&high)[2], uint32_t (&low)[2]) {
+  const int lane = int(threadIdx.x % 32);
+  const int n = n0 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // register r: k + 8 for r = 1
+    const int k = k0 + 2 * t + r * 8;
+    const float* at = x + n * ldx + k;
+    const float first = n < ns && k < inner ? at[0] : 0.0f;
+    const float second = n < ns && k + 1 < inner ? at[1] : 0.0f;
+    const T first_high(first), second_high(second);
+    high[r] = pack_pair(first_high, second_high);
+    low[r] = pack_pair(T(first - float(first_high)), T(second - float(second_high)));
+  }
+}
+
+// D(m, n) = sum_k W(m, k) X(n, k) for W(m, k) = w[m * m_stride + k *
+// k_stride] (T, ms x inner) and X (ns x inner, float32, rows `ldx` apart),
+// over the warps of the block: the inner dimension is split into `split`
+// parts (part p takes the instructions' steps p, p + split, ...), and each
+// warp takes (part, tile) items in turn, every lane of it the same ones. For
+// each element of D (m < ms, n < ns) of a part, store(part, m, n, value) is
+// called by the lane that holds it. Every thread of the block must call
+// this, the block's size a multiple of 32.
+template <typename T, typename Store>
+__device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, int k_stride,
+                                                    const float* x, int ldx, int ms, int ns,
+                                                    int inner, int split, const Store& store) {
+  static_assert(sizeof(T) == 2, "16-bit inputs");
+  constexpr bool kBFloat16 = std::is_same_v<T, torch::headeronly::BFloat16>;
+  const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+  const int lane = int(threadIdx.x % 32);
+  const int m_tiles = (ms + kMmaRows - 1) / kMmaRows;
+  const int n_tiles = (ns + kMmaCols - 1) / kMmaCols;
+  const int steps = (inner + kMmaInner - 1) / kMmaInner;
+  for (int item = warp; item < split * m_tiles * n_tiles; item += warps) {
+    const int part = item % split;
+    const int tile = item / split;
+    const int m0 = (tile % m_tiles) * kMmaRows;
+    const int n0 = (tile / m_tiles) * kMmaCols;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int step = part; step < steps; step += split) {
+      const int k0 = step * kMmaInner;
+      uint32_t a[4], high[2], low[2];
+      load_a<T>(w, m_stride, k_stride, m0, k0, ms, inner, a);
+      load_b_split<T>(x, ldx, k0, n0, ns, inner, high, low);
+      // The low terms first: the smaller sums meet first.
+      warp_mma_m16n8k16_pair<kBFloat16>(d, a, low, high);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = m0 + lane / 4 + (i / 2) * 8;
+      const int n = n0 + 2 * (lane % 4) + i % 2;
+      if (m < ms && n < ns) store(part, m, n, d[i]);
+    }
+  }
+}
+
+}  // namespace lltm::cuda
