@@ -370,11 +370,18 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
   const BlockSlice slice = block_slice(block, args.batch_size, args.state_size,
                                        args.units_per_block, args.rows_per_group, args.pitch);
   const BackwardShared<T> shared = backward_shared<T>(args.layout, slice);
+  constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
+  unsigned* non_finite_weights = nullptr;
+  if constexpr (kTensorCores) non_finite_weights = lowered_weights_flag(args.layout);
   load_weight_slice(shared.weight_slice, slice, args.weights, args.weights_row_stride,
                     args.weights_column_stride);
+  if constexpr (kTensorCores)
+    flag_non_finite_weights(shared.weight_slice, slice, non_finite_weights);
   load_final_gradients(args, shared, slice);
   const ThreadPairs pairs = pairs_of_thread(slice);
   Exchange::start();
+  // Block-uniform: every warp of the block takes the same product.
+  const bool tensor_cores = kTensorCores && *non_finite_weights == 0;
 
   const int64_t step_count = args.steps.step_count;
   const bool ascending = args.reverse;  // the forward's steps, last first
@@ -401,8 +408,13 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
     // Two buffers of shares, used in turn: a block may send the next step's
     // while another still sums this step's.
     const int parity = int(k & 1);
-    if constexpr (kTileRows == kTensorCoreTileRows) {
-      send_h_gradient_shares_tensor_cores<T, Exchange>(args, shared, slice, block, active, parity);
+    if constexpr (kTensorCores) {
+      if (tensor_cores) {
+        send_h_gradient_shares_tensor_cores<T, Exchange>(args, shared, slice, block, active,
+                                                         parity);
+      } else {
+        send_h_gradient_shares<T, 1, Exchange>(args, shared, slice, block, active, parity);
+      }
     } else {
       send_h_gradient_shares<T, kTileRows, Exchange>(args, shared, slice, block, active, parity);
     }

@@ -348,11 +348,18 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
   const BlockSlice slice = block_slice(Exchange::rank(), args.batch_size, args.state_size,
                                        args.units_per_block, args.rows_per_group, args.pitch);
   const ForwardShared<T> shared = forward_shared<T>(args.layout, slice);
+  constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
+  unsigned* non_finite_weights = nullptr;
+  if constexpr (kTensorCores) non_finite_weights = lowered_weights_flag(args.layout);
   load_weight_slice(shared.weight_slice, slice, args.weights, args.weights_row_stride,
                     args.weights_column_stride);
+  if constexpr (kTensorCores)
+    flag_non_finite_weights(shared.weight_slice, slice, non_finite_weights);
   load_initial_state<T, Exchange>(args, shared, slice);
   const ThreadPairs pairs = pairs_of_thread(slice);
   Exchange::start();
+  // Block-uniform: every warp of the block takes the same product.
+  const bool tensor_cores = kTensorCores && *non_finite_weights == 0;
 
   const int64_t step_count = args.steps.step_count;
   const bool ascending = !args.reverse;
@@ -374,8 +381,12 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
     const int active = active_rows(step, slice);
     // Cluster mode: step k reads h buffer k mod 2 and pushes into the other.
     const M* h_prev = shared.h_buffers + (Exchange::kCluster ? int(k & 1) * h_buffer_size : 0);
-    if constexpr (kTileRows == kTensorCoreTileRows) {
-      recurrent_matvec_tensor_cores<T>(shared, h_prev, slice, active, args.dot_split);
+    if constexpr (kTensorCores) {
+      if (tensor_cores) {
+        recurrent_matvec_tensor_cores<T>(shared, h_prev, slice, active, args.dot_split);
+      } else {
+        recurrent_matvec<T, 1>(shared, h_prev, slice, active, args.dot_split);
+      }
     } else {
       recurrent_matvec<T, kTileRows>(shared, h_prev, slice, active, args.dot_split);
     }

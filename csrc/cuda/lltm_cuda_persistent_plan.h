@@ -94,13 +94,15 @@ class Occupancy {
 // group's rows, S wide, `pitch` apart: two buffers in cluster mode, one in
 // cooperative), `scratch` (the product's partial sums, split x rows x 3U),
 // `state` (the running cell and h of the block's pairs, 2 x rows x U).
+// Tensor-core plans only: `flags` (16 bytes: whether the block's slice of
+// W_h holds a non-finite value, lltm_cuda_persistent.cuh).
 // Backward: `weights` (the same rows), `exchange` (cluster mode: the partial
 // gradients of h the P blocks send, 2 x P x rows x U; cooperative: none,
 // they go through global memory), `scratch` (the step's gate gradients of
 // the block's units, rows x 3U), `state` (the carried gradients of h and c,
 // 2 x rows x U).
 struct SharedLayout {
-  int64_t weights = 0, exchange = 0, scratch = 0, state = 0, total = 0;
+  int64_t weights = 0, exchange = 0, scratch = 0, state = 0, flags = 0, total = 0;
 };
 
 struct SequencePlan {
@@ -144,8 +146,8 @@ inline int64_t shared_pitch(int64_t state, int element_size) {
 }
 
 inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int element_size,
-                                  int64_t state, int blocks, int64_t units, int64_t rows,
-                                  int split) {
+                                  int64_t state, int blocks, int64_t units, int64_t rows, int split,
+                                  bool tensor_cores) {
   const int64_t math = math_element_size(element_size);
   // Bytes of `elements` math elements, rounded up to 16.
   const auto math_bytes = [math](int64_t elements) {
@@ -166,7 +168,8 @@ inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int elem
   }
   l.scratch = l.exchange + exchange;
   l.state = l.scratch + scratch;
-  l.total = l.state + math_bytes(2 * rows * units);
+  l.flags = l.state + math_bytes(2 * rows * units);
+  l.total = l.flags + (tensor_cores ? 16 : 0);
   return l;
 }
 
@@ -239,8 +242,8 @@ inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_si
   p.pitch = shared_pitch(state, element_size);
   p.path = path;
   for (;;) {
-    p.layout =
-        shared_layout(pass, path, element_size, state, p.blocks, p.units, group_rows, p.split);
+    p.layout = shared_layout(pass, path, element_size, state, p.blocks, p.units, group_rows,
+                             p.split, tensor_cores);
     p.shared_bytes = p.layout.total;
     if (p.shared_bytes <= shared_limit || p.split == 1) break;
     p.split /= 2;

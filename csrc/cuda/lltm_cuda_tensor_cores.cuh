@@ -17,8 +17,13 @@
 // on (tests/test_cuda_persistent_16_bit.py holds the result to nn.LSTM's own
 // error). W_h is in T already: its products are exact in float32.
 //
-// fp16's range bounds X's terms: a value past 65504 is inf in `high`, as
-// the same value is in the d_gates the backward writes in fp16.
+// Non-finite values keep their meaning: an x that is inf or NaN (or past
+// fp16's 65504: inf in `high`, as it is in the d_gates the backward writes
+// in fp16) enters as `high` alone, with a low term of zero, since inf - inf
+// would make it NaN. An infinite weight would meet a low term of zero and
+// give NaN where the product is infinite: the kernels take the CUDA cores'
+// product for a block whose slice of W_h is not all finite
+// (lltm_cuda_persistent.cuh, flag_non_finite_weights).
 //
 // Fragments, as the PTX ISA lays them out for m16n8k16 (lane = 4 group +
 // t): A's rows group and group + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9; B's
@@ -45,6 +50,18 @@ constexpr int kMmaInner = 16;  // K: the inner dimension of one instruction
 template <typename T>
 __device__ __forceinline__ uint32_t pack_pair(T first, T second) {
   return uint32_t(first.x) | (uint32_t(second.x) << 16);
+}
+
+// Whether v is finite: v - v is 0 for every finite v and NaN for inf and
+// NaN (IEEE arithmetic; lltm is never built with fast-math).
+__device__ __forceinline__ bool finite_value(float v) { return v - v == 0.0f; }
+
+// x - high in T, the low term of x = high + low; zero where high is not
+// finite.
+template <typename T>
+__device__ __forceinline__ T low_term(float x, T high) {
+  const float h = float(high);
+  return finite_value(h) ? T(x - h) : T(0.0f);
 }
 
 // A lane's A fragment: W's tile at (m0, k0), W(m, k) = w[m * m_stride +
@@ -81,7 +98,7 @@ __device__ __forceinline__ void load_b_split(const float* x, int ldx, int k0, in
     const float second = n < ns && k + 1 < inner ? at[1] : 0.0f;
     const T first_high(first), second_high(second);
     high[r] = pack_pair(first_high, second_high);
-    low[r] = pack_pair(T(first - float(first_high)), T(second - float(second_high)));
+    low[r] = pack_pair(low_term<T>(first, first_high), low_term<T>(second, second_high));
   }
 }
 
