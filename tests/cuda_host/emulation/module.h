@@ -7,7 +7,9 @@
 #include <Python.h>
 
 #include <exception>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../runtime/runtime.h"
 
@@ -23,6 +25,28 @@ bool python_errors(Fn&& fn) {
     PyErr_SetString(PyExc_RuntimeError, error.what());
     return false;
   }
+}
+
+// A new Python list of `values` (unsigned integers or floats); null, with
+// a Python error, where it cannot be made.
+template <typename T>
+PyObject* python_list(const std::vector<T>& values) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(values.size()));
+  if (list == nullptr) return nullptr;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    PyObject* item;
+    if constexpr (std::is_floating_point_v<T>) {
+      item = PyFloat_FromDouble(values[i]);
+    } else {
+      item = PyLong_FromUnsignedLong(values[i]);
+    }
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
 }
 
 // A Python (x, y, z) as a dim3; false, with a Python error, otherwise.

@@ -238,15 +238,6 @@ uint64_t threads_of(const Shape& shape) {
          shape.block.z;
 }
 
-PyObject* unsigned_list(const std::vector<unsigned>& values) {
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(values.size()));
-  if (list == nullptr) return nullptr;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyLong_FromUnsignedLong(values[i]));
-  }
-  return list;
-}
-
 // An optional Python (x, y, z): None for none.
 bool parse_cluster(PyObject* arg, Shape& shape) {
   if (arg == Py_None) return true;
@@ -280,7 +271,7 @@ PyObject* neighbours(PyObject*, PyObject* args) {
     const lltm::cuda::DeviceGuard guard(-1);
     run("neighbour_kernel", shape, probes::neighbour_kernel, out.data(), group);
   });
-  return ok ? unsigned_list(out) : nullptr;
+  return ok ? python_list(out) : nullptr;
 }
 
 // cluster_neighbours(grid, cluster, block) -> (value read of the next block
@@ -298,7 +289,7 @@ PyObject* cluster_neighbours(PyObject*, PyObject* args) {
     const lltm::cuda::DeviceGuard guard(-1);
     run("cluster_neighbour_kernel", shape, probes::cluster_neighbour_kernel, out.data());
   });
-  return ok ? unsigned_list(out) : nullptr;
+  return ok ? python_list(out) : nullptr;
 }
 
 // grid_exchange(grid, block, steps) -> each thread's value after `steps`
@@ -320,7 +311,7 @@ PyObject* grid_exchange(PyObject*, PyObject* args) {
     run("grid_exchange_kernel", shape, probes::grid_exchange_kernel, buffers.data(), out.data(),
         steps);
   });
-  return ok ? unsigned_list(out) : nullptr;
+  return ok ? python_list(out) : nullptr;
 }
 
 // schedule_seen(grid, block, cooperative) -> [(round, block, thread)], in the
@@ -368,7 +359,7 @@ PyObject* barrier_rounds(PyObject*, PyObject* args) {
     const lltm::cuda::DeviceGuard guard(-1);
     run("rounds_kernel", shape, probes::rounds_kernel, out.data(), rounds, kind);
   });
-  return ok ? unsigned_list(out) : nullptr;
+  return ok ? python_list(out) : nullptr;
 }
 
 // stall(which): a kernel whose barrier can never complete (see probes::Stall);

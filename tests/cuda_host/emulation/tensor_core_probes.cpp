@@ -89,15 +89,6 @@ bool parse_list(PyObject* list, std::vector<T>& out) {
   return PyErr_Occurred() == nullptr;
 }
 
-PyObject* float_list(const std::vector<float>& values) {
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(values.size()));
-  if (list == nullptr) return nullptr;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyFloat_FromDouble(values[i]));
-  }
-  return list;
-}
-
 template <typename Launch>
 void launch_fibers(const char* name, unsigned threads, const Launch& launch) {
   const lltm::cuda::DeviceGuard guard(-1);
@@ -135,7 +126,7 @@ PyObject* mma(PyObject*, PyObject* args) {
                                            c.data(), d.data(), absent);
     });
   });
-  return ok ? float_list(d) : nullptr;
+  return ok ? python_list(d) : nullptr;
 }
 
 // tensor_core_product(w_bits, x, ms, ns, inner, split, k_contiguous,
@@ -170,7 +161,7 @@ PyObject* tensor_core_product(PyObject*, PyObject* args) {
                                 ns, inner, split, k_contiguous != 0);
     });
   });
-  return ok ? float_list(out) : nullptr;
+  return ok ? python_list(out) : nullptr;
 }
 
 }  // namespace lltm::cuda_host::emulation
