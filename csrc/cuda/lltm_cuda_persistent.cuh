@@ -324,31 +324,33 @@ __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSl
   }
 }
 
-// Tensor-core kernels: whether the block's slice of W_h is all finite. A
-// block whose slice is not takes the CUDA cores' product (a low term of
-// zero times an infinite weight would give NaN where the product is
-// infinite: lltm_cuda_tensor_cores.cuh). `flag`, a word of the block's
-// shared memory, must be zeroed, and a barrier passed, before the slice is
-// loaded; each thread raises it for an element it loaded itself (the same
-// indices as load_weight_slice: no barrier between); it is read after the
-// next barrier.
-template <typename T>
-__device__ __forceinline__ void flag_non_finite_weights(const T* weight_slice,
-                                                        const BlockSlice& slice, unsigned* flag) {
-  const int count = 3 * slice.units_per_block * slice.pitch;
-  bool finite = true;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    finite = finite && finite_value(float(weight_slice[i]));
+// load_weight_slice, and for the tensor-core kernels (kTensorCores) a word
+// of the block's shared memory, returned, that is raised where the slice
+// holds a non-finite value; read it after the block's next barrier. Such a
+// block takes the CUDA cores' product (a low term of zero times an
+// infinite weight would give NaN where the product is infinite:
+// lltm_cuda_tensor_cores.cuh). The word is zeroed, then a barrier, before
+// the slice is loaded; each thread checks the elements it loaded itself
+// (no barrier between). Other kernels: null.
+template <bool kTensorCores, typename T>
+__device__ __forceinline__ const unsigned* load_weight_slice_flagged(
+    T* weight_slice, const BlockSlice& slice, const SharedLayout& layout, const T* weights,
+    int64_t row_stride, int64_t column_stride) {
+  unsigned* flag = nullptr;
+  if constexpr (kTensorCores) {
+    flag = reinterpret_cast<unsigned*>(dynamic_shared_memory() + layout.flags);
+    if (threadIdx.x == 0) *flag = 0;
+    __syncthreads();
   }
-  if (!finite) *flag = 1;
-}
-
-// The word of a block's shared memory that flag_non_finite_weights raises,
-// zeroed before the block's first barrier (then the barrier).
-__device__ __forceinline__ unsigned* lowered_weights_flag(const SharedLayout& layout) {
-  auto* flag = reinterpret_cast<unsigned*>(dynamic_shared_memory() + layout.flags);
-  if (threadIdx.x == 0) *flag = 0;
-  __syncthreads();
+  load_weight_slice(weight_slice, slice, weights, row_stride, column_stride);
+  if constexpr (kTensorCores) {
+    const int count = 3 * slice.units_per_block * slice.pitch;
+    bool finite = true;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+      finite = finite && finite_value(float(weight_slice[i]));
+    }
+    if (!finite) *flag = 1;
+  }
   return flag;
 }
 

@@ -349,12 +349,9 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
                                        args.units_per_block, args.rows_per_group, args.pitch);
   const ForwardShared<T> shared = forward_shared<T>(args.layout, slice);
   constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
-  unsigned* non_finite_weights = nullptr;
-  if constexpr (kTensorCores) non_finite_weights = lowered_weights_flag(args.layout);
-  load_weight_slice(shared.weight_slice, slice, args.weights, args.weights_row_stride,
-                    args.weights_column_stride);
-  if constexpr (kTensorCores)
-    flag_non_finite_weights(shared.weight_slice, slice, non_finite_weights);
+  const unsigned* non_finite_weights =
+      load_weight_slice_flagged<kTensorCores>(shared.weight_slice, slice, args.layout, args.weights,
+                                              args.weights_row_stride, args.weights_column_stride);
   load_initial_state<T, Exchange>(args, shared, slice);
   const ThreadPairs pairs = pairs_of_thread(slice);
   Exchange::start();

@@ -23,7 +23,7 @@
 // would make it NaN. An infinite weight would meet a low term of zero and
 // give NaN where the product is infinite: the kernels take the CUDA cores'
 // product for a block whose slice of W_h is not all finite
-// (lltm_cuda_persistent.cuh, flag_non_finite_weights).
+// (lltm_cuda_persistent.cuh, load_weight_slice_flagged).
 //
 // Fragments, as the PTX ISA lays them out for m16n8k16 (lane = 4 group +
 // t): A's rows group and group + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9; B's
@@ -37,13 +37,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "lltm_cuda_persistent_plan.h"
 #include "lltm_cuda_runtime.h"
 
 namespace lltm::cuda {
 
-constexpr int kMmaRows = 16;   // M: rows of a tile of D (of W)
-constexpr int kMmaCols = 8;    // N: columns of a tile of D (batch rows)
-constexpr int kMmaInner = 16;  // K: the inner dimension of one instruction
+// The instruction's shape: lltm_cuda_persistent_plan.h's kTensorCoreTileWeights
+// (M: rows of W), kTensorCoreTileRows (N: batch rows), kTensorCoreInner (K).
 
 // Two elements of T, the first in the low half, as a fragment register
 // holds them.
@@ -118,17 +118,17 @@ __device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, in
   constexpr bool kBFloat16 = std::is_same_v<T, torch::headeronly::BFloat16>;
   const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
   const int lane = int(threadIdx.x % 32);
-  const int m_tiles = (ms + kMmaRows - 1) / kMmaRows;
-  const int n_tiles = (ns + kMmaCols - 1) / kMmaCols;
-  const int steps = (inner + kMmaInner - 1) / kMmaInner;
+  const int m_tiles = (ms + kTensorCoreTileWeights - 1) / kTensorCoreTileWeights;
+  const int n_tiles = (ns + kTensorCoreTileRows - 1) / kTensorCoreTileRows;
+  const int steps = (inner + kTensorCoreInner - 1) / kTensorCoreInner;
   for (int item = warp; item < split * m_tiles * n_tiles; item += warps) {
     const int part = item % split;
     const int tile = item / split;
-    const int m0 = (tile % m_tiles) * kMmaRows;
-    const int n0 = (tile / m_tiles) * kMmaCols;
+    const int m0 = (tile % m_tiles) * kTensorCoreTileWeights;
+    const int n0 = (tile / m_tiles) * kTensorCoreTileRows;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int step = part; step < steps; step += split) {
-      const int k0 = step * kMmaInner;
+      const int k0 = step * kTensorCoreInner;
       uint32_t a[4], high[2], low[2];
       load_a<T>(w, m_stride, k_stride, m0, k0, ms, inner, a);
       load_b_split<T>(x, ldx, k0, n0, ns, inner, high, low);

@@ -795,14 +795,15 @@ void barrier(BarrierKind kind) {
           "only a cooperative launch has all its blocks on the GPU at once");
   }
   if (kind == BarrierKind::kCluster) check_clusters(unit, "cg::this_cluster().sync()");
-  if (kind != BarrierKind::kWarp && (unit.dropped & (1u << static_cast<int>(kind)))) return;
+  // A warp's rendezvous is warp_exchange's alone (it never drops).
+  if (kind == BarrierKind::kWarp) fault("a warp rendezvous outside warp_exchange");
+  if (unit.dropped & (1u << static_cast<int>(kind))) return;
 
   Fiber& fiber = *current.fiber;
   Block& block = unit.blocks[fiber.block];
   wait_at(unit, fiber,
           kind == BarrierKind::kBlock     ? block.barrier
           : kind == BarrierKind::kCluster ? unit.clusters[block.cluster].barrier
-          : kind == BarrierKind::kWarp    ? block.warps[warp_of(*unit.launch, fiber)].barrier
                                           : unit.grid,
           kind);
 }
