@@ -292,9 +292,12 @@ bool launch_unavailable(cudaError_t error) {
          error == cudaErrorLaunchOutOfResources || error == cudaErrorNotSupported;
 }
 
+// One launch of the plan's, of `groups` groups. False where the GPU cannot
+// have it now (launch_unavailable) and `may_refuse`; any other error, or a
+// refusal where the caller cannot fall back, raises.
 template <typename Kernel, typename Args>
-bool launch(Kernel kernel, const SequencePlan& plan, const Args& args, int device,
-            const char* name) {
+bool launch(Kernel kernel, const SequencePlan& plan, int groups, const Args& args, int device,
+            const std::string& name, bool may_refuse) {
   prepare(kernel, device, plan.path, device_limits(device).shared_per_block);
   cudaLaunchAttribute attributes[1] = {};
   if (plan.path == SequencePath::kCluster) {
@@ -307,7 +310,7 @@ bool launch(Kernel kernel, const SequencePlan& plan, const Args& args, int devic
     attributes[0].val.cooperative = 1;
   }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(plan.groups));
+  config.gridDim = dim3(static_cast<unsigned>(plan.blocks), static_cast<unsigned>(groups));
   config.blockDim = dim3(static_cast<unsigned>(plan.threads));
   config.dynamicSmemBytes = static_cast<size_t>(plan.shared_bytes);
   config.stream = current_stream(device);
@@ -316,8 +319,30 @@ bool launch(Kernel kernel, const SequencePlan& plan, const Args& args, int devic
   const cudaError_t error = cudaLaunchKernelEx(&config, kernel, args);
   if (error == cudaSuccess) return true;
   (void)cudaGetLastError();  // the launch's error is answered here
-  if (launch_unavailable(error)) return false;
-  fail_cuda(std::string("launching ") + name, error);
+  if (may_refuse && launch_unavailable(error)) return false;
+  fail_cuda("launching " + name, error);
+}
+
+// Every wave of the plan in turn, each over its rows of the batch (the
+// kernels' rows_begin, rows_end). False where the GPU refuses the first
+// (the caller takes the per-step path); a later wave refused raises, as the
+// waves before it have written their results (the forward's in place of
+// its input projection).
+template <typename Kernel, typename Args>
+bool launch_waves(Kernel kernel, const SequencePlan& plan, Args& args, int64_t batch, int device,
+                  const char* name) {
+  for (int wave = 0; wave < plan.waves; ++wave) {
+    args.rows_begin = wave * plan.wave_rows;
+    args.rows_end = std::min<int64_t>(batch, args.rows_begin + plan.wave_rows);
+    const int groups =
+        static_cast<int>(plan_ceil_div(args.rows_end - args.rows_begin, plan.group_rows));
+    const std::string what = plan.waves == 1
+                                 ? std::string(name)
+                                 : std::string(name) + " (wave " + std::to_string(wave + 1) +
+                                       " of " + std::to_string(plan.waves) + ")";
+    if (!launch(kernel, plan, groups, args, device, what, /*may_refuse=*/wave == 0)) return false;
+  }
+  return true;
 }
 
 template <typename T>
@@ -339,15 +364,19 @@ bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Step
   args.weights_column_stride = weights.stride(1);
   args.h0 = h0.const_data_ptr<T>();
   args.c0 = c0.const_data_ptr<T>();
-  // 16-bit, cooperative: h in float32 through global memory, two steps' worth
-  // (see the kernel); freed after the launch is queued, as `shares` below.
+  // Cooperative, 16-bit or h read from global memory: h in the math type
+  // through global memory, two steps' worth (see the kernel; where the
+  // products read it there, rows padded to whole 32-byte vectors); freed
+  // after the launch is queued, as `shares` below.
   std::optional<Tensor> h_exchange;
-  if constexpr (persistent::kWidened<T>) {
-    if (plan.path == SequencePath::kCooperative) {
-      h_exchange = new_float_matrix(gates, 2 * n.batch, n.state);
-      args.h_exchange = h_exchange->mutable_data_ptr<acc_t<T>>();
-    }
+  args.h_exchange_pitch = plan.h_from_global ? plan_ceil_div(n.state, 8) * 8 : n.state;
+  if (plan.path == SequencePath::kCooperative && (persistent::kWidened<T> || plan.h_from_global)) {
+    const int64_t columns = args.h_exchange_pitch;
+    h_exchange = persistent::kWidened<T> ? new_float_matrix(gates, 2 * n.batch, columns)
+                                         : new_matrix(gates, 2 * n.batch, columns);
+    args.h_exchange = h_exchange->mutable_data_ptr<acc_t<T>>();
   }
+  args.h_from_global = plan.h_from_global;
   args.batch_size = n.batch;
   args.state_size = n.state;
   args.units_per_block = plan.units;
@@ -357,8 +386,8 @@ bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Step
   args.layout = plan.layout;
   args.reverse = reverse;
   args.steps = steps;
-  return launch(forward_kernel<T>(plan.path, plan.tile_rows), plan, args, gates.get_device_index(),
-                "lltm sequence_forward_kernel");
+  return launch_waves(forward_kernel<T>(plan.path, plan.tile_rows), plan, args, n.batch,
+                      gates.get_device_index(), "lltm sequence_forward_kernel");
 }
 
 template <typename T>
@@ -426,8 +455,8 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
   args.steps = steps;
   // `shares` is freed after the launch is queued: torch's caching allocator
   // hands its memory out again only to work queued after it on this stream.
-  return launch(backward_kernel<T>(plan.path, plan.tile_rows), plan, args, gates.get_device_index(),
-                "lltm sequence_backward_kernel");
+  return launch_waves(backward_kernel<T>(plan.path, plan.tile_rows), plan, args, n.batch,
+                      gates.get_device_index(), "lltm sequence_backward_kernel");
 }
 
 int element_size_of(const Tensor& t) {

@@ -71,6 +71,26 @@
 
 namespace lltm::cuda::persistent {
 
+// Whether the plan can launch the kernel of T and tile height kTileRows on
+// the GPUs the device code is compiled for: from compute capability 8.0 on,
+// 16-bit dtypes take the tensor cores' tile (kTensorCoreTileRows) and never
+// the CUDA cores' (tensor_core_products); below it, never the tensor cores'.
+// Kernels it cannot launch are compiled as a stop: no code to build, and
+// none to hold within the registers of those it launches.
+template <typename T, int kTileRows>
+inline constexpr bool kKernelLaunchable =
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    sizeof(T) != 2 || kTileRows == kTensorCoreTileRows;
+#elif defined(__CUDA_ARCH__)
+    kTileRows != kTensorCoreTileRows;
+#else
+    true;
+#endif
+
+}  // namespace lltm::cuda::persistent
+
+namespace lltm::cuda::persistent {
+
 // --- Dtypes -----------------------------------------------------------------------------
 
 // A kernel of dtype T keeps W_h in T and computes in acc_t<T>, its math type,
@@ -191,6 +211,19 @@ __device__ __forceinline__ Pack<T, kVec> load_pack_from_blocks(const T* p) {
 #endif
 }
 
+// load_math_elements of memory other blocks wrote, read as above.
+template <int kCount, typename M>
+__device__ __forceinline__ void load_math_elements_from_blocks(const M* from, M (&to)[kCount]) {
+  constexpr int kPerLoad = 16 / sizeof(M);
+  static_assert(kCount % kPerLoad == 0, "whole 16-byte loads");
+#pragma unroll
+  for (int load = 0; load < kCount / kPerLoad; ++load) {
+    const Pack<M, kPerLoad> pack = load_pack_from_blocks<kPerLoad>(from + load * kPerLoad);
+#pragma unroll
+    for (int i = 0; i < kPerLoad; ++i) to[load * kPerLoad + i] = pack.v[i];
+  }
+}
+
 // --- The two launch modes -----------------------------------------------------------------
 
 // Block b of a group is the grid's block (b, g), or the cluster's block b.
@@ -253,9 +286,12 @@ struct BlockSlice {
   int own_rows;
 };
 
-__device__ __forceinline__ BlockSlice block_slice(unsigned block, int64_t batch_size,
-                                                  int64_t state_size, int64_t units_per_block,
-                                                  int64_t rows_per_group, int64_t pitch) {
+// Block `block` of group blockIdx.y, of a launch over the batch rows
+// [rows_begin, rows_end).
+__device__ __forceinline__ BlockSlice block_slice(unsigned block, int64_t rows_begin,
+                                                  int64_t rows_end, int64_t state_size,
+                                                  int64_t units_per_block, int64_t rows_per_group,
+                                                  int64_t pitch) {
   BlockSlice slice;
   slice.state_size = static_cast<int>(state_size);
   slice.units_per_block = static_cast<int>(units_per_block);
@@ -263,8 +299,8 @@ __device__ __forceinline__ BlockSlice block_slice(unsigned block, int64_t batch_
   slice.pitch = static_cast<int>(pitch);
   slice.first_unit = static_cast<int>(block * units_per_block);
   slice.own_units = static_cast<int>(min64(units_per_block, state_size - slice.first_unit));
-  slice.first_row = int64_t(blockIdx.y) * rows_per_group;
-  slice.own_rows = static_cast<int>(min64(rows_per_group, batch_size - slice.first_row));
+  slice.first_row = rows_begin + int64_t(blockIdx.y) * rows_per_group;
+  slice.own_rows = static_cast<int>(min64(rows_per_group, rows_end - slice.first_row));
   return slice;
 }
 

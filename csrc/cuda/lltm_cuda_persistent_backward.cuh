@@ -63,6 +63,9 @@ struct BackwardArgs {
   const T* weights;
   int64_t weights_row_stride, weights_column_stride;
   int64_t batch_size, state_size, units_per_block, rows_per_group, pitch;
+  // The batch rows this launch runs, [rows_begin, rows_end): the plan's
+  // wave (persistent_plan.h); its groups split them.
+  int64_t rows_begin, rows_end;
   SharedLayout layout;
   bool reverse;
   Steps steps;
@@ -297,12 +300,15 @@ __device__ __forceinline__ void send_h_gradient_shares_tensor_cores(const Backwa
                                                                     unsigned block, int active,
                                                                     int parity) {
   const int gate_rows = 3 * slice.units_per_block;  // the product's inner dimension
-  tensor_core_product<T>(shared.weight_slice, /*m_stride=*/1, /*k_stride=*/slice.pitch,
-                         shared.gate_grads, gate_rows, slice.state_size, active, gate_rows,
-                         /*split=*/1, [&](int, int unit, int row, float share) {
-                           send_share<T, Exchange>(args, shared, slice, block, parity, row, unit,
-                                                   share);
-                         });
+  const float* gate_grads = shared.gate_grads;
+  tensor_core_product<T>(
+      shared.weight_slice, /*m_stride=*/1, /*k_stride=*/slice.pitch,
+      [&](int row, int gate_row) { return gate_grads[row * gate_rows + gate_row]; },
+      slice.state_size, active, gate_rows,
+      /*split=*/1,
+      [&](int, int unit, int row, float share) {
+        send_share<T, Exchange>(args, shared, slice, block, parity, row, unit, share);
+      });
 }
 
 // After the barrier: the carried gradient of h of each active pair of the
@@ -365,9 +371,9 @@ __device__ __forceinline__ void store_initial_gradients(
 }
 
 template <typename T, int kTileRows, typename Exchange>
-LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT BackwardArgs<T> args) {
+__device__ __forceinline__ void run_backward(const BackwardArgs<T>& args) {
   const unsigned block = Exchange::rank();
-  const BlockSlice slice = block_slice(block, args.batch_size, args.state_size,
+  const BlockSlice slice = block_slice(block, args.rows_begin, args.rows_end, args.state_size,
                                        args.units_per_block, args.rows_per_group, args.pitch);
   const BackwardShared<T> shared = backward_shared<T>(args.layout, slice);
   constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
@@ -421,6 +427,15 @@ LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT Backwar
     inputs = next_inputs;
   }
   store_initial_gradients(args, shared, slice, pairs, bias_sums);
+}
+
+template <typename T, int kTileRows, typename Exchange>
+LLTM_PERSISTENT_KERNEL sequence_backward_kernel(const LLTM_GRID_CONSTANT BackwardArgs<T> args) {
+  if constexpr (kKernelLaunchable<T, kTileRows>) {
+    run_backward<T, kTileRows, Exchange>(args);
+  } else {
+    __trap();
+  }
 }
 
 }  // namespace lltm::cuda::persistent

@@ -15,6 +15,14 @@
 // shared memory as the 16-bit one would be, and in cooperative mode the
 // cells write a float32 copy of it (h_exchange) next to `output` before the
 // same grid barrier; only the bytes double.
+//
+// Plans that read h from global memory (SequencePlan::h_from_global,
+// cooperative only) keep no copy of h in shared memory: every dtype's cells
+// write h in the math type to h_exchange, and the products read the group's
+// rows there, at L2. Both of its buffers start as h0, so that a row a packed
+// sequence's step updates for the first time (in reverse order) reads h0;
+// its rows are padded with zeros to whole 32-byte vectors, so that the
+// CUDA cores' products read whole 16-byte vectors, as from shared memory.
 #pragma once
 
 #include <cstdint>
@@ -47,12 +55,21 @@ struct ForwardArgs {
   int64_t weights_row_stride, weights_column_stride;
   const T* h0;  // dense (batch, S)
   const T* c0;  // dense (batch, S)
-  // Cooperative mode, 16-bit: the step's h in float32, (2, batch, S), two
-  // steps' used in turn (a block may write the next step's while another
-  // still reads this step's); else null: blocks read h from `output`, which
-  // holds it exactly.
+  // Cooperative mode, 16-bit or h_from_global: the step's h in the math
+  // type, (2, batch, h_exchange_pitch), two steps' used in turn (a block may
+  // write the next step's while another still reads this step's); else
+  // null: blocks read h from `output`, which holds it exactly.
   Math* h_exchange;
+  // Elements between its rows: S, or with h_from_global S rounded up to 8
+  // (the padding zero).
+  int64_t h_exchange_pitch;
+  // The products read h in h_exchange rather than in shared memory (the
+  // plan's h_from_global).
+  bool h_from_global;
   int64_t batch_size, state_size, units_per_block, rows_per_group, pitch;
+  // The batch rows this launch runs, [rows_begin, rows_end): the plan's
+  // wave (persistent_plan.h); its groups split them.
+  int64_t rows_begin, rows_end;
   int32_t dot_split;  // threads sharing one dot product of the matvec
   SharedLayout layout;
   bool reverse;
@@ -86,7 +103,9 @@ __device__ __forceinline__ ForwardShared<T> forward_shared(const SharedLayout& l
 }
 
 // Before the first step: every h buffer holds h0 of the group's rows (zero
-// past them and past the state); each pair's running cell and h, c0 and h0.
+// past them and past the state), or where h is read from global memory,
+// both of h_exchange's buffers hold h0 of the block's pairs; each pair's
+// running cell and h, c0 and h0.
 template <typename T, typename Exchange>
 __device__ __forceinline__ void load_initial_state(const ForwardArgs<T>& args,
                                                    const ForwardShared<T>& shared,
@@ -94,7 +113,7 @@ __device__ __forceinline__ void load_initial_state(const ForwardArgs<T>& args,
   using M = acc_t<T>;
   const int state_size = slice.state_size, units = slice.units_per_block;
   const int rows = slice.rows_per_group, pitch = slice.pitch;
-  const int buffered = (Exchange::kCluster ? 2 : 1) * rows * pitch;
+  const int buffered = args.h_from_global ? 0 : (Exchange::kCluster ? 2 : 1) * rows * pitch;
   for (int i = threadIdx.x; i < buffered; i += blockDim.x) {
     const int row = (i / pitch) % rows;
     const int column = i % pitch;  // a unit of the state
@@ -109,6 +128,23 @@ __device__ __forceinline__ void load_initial_state(const ForwardArgs<T>& args,
     const int64_t at = (slice.first_row + row) * state_size + slice.first_unit + unit;
     shared.running_cell[pair] = present ? M(args.c0[at]) : M(0);
     shared.running_h[pair] = present ? M(args.h0[at]) : M(0);
+    if (args.h_from_global && present) {
+      const int64_t h_at =
+          (slice.first_row + row) * args.h_exchange_pitch + slice.first_unit + unit;
+      args.h_exchange[h_at] = M(args.h0[at]);
+      args.h_exchange[args.batch_size * args.h_exchange_pitch + h_at] = M(args.h0[at]);
+    }
+  }
+  // The padding past the state: by the block that owns the state's end.
+  const int padding = static_cast<int>(args.h_exchange_pitch) - state_size;
+  if (args.h_from_global && slice.first_unit + slice.own_units == state_size) {
+    for (int i = threadIdx.x; i < slice.own_rows * padding; i += blockDim.x) {
+      const int row = i / padding;
+      const int64_t h_at =
+          (slice.first_row + row) * args.h_exchange_pitch + state_size + i % padding;
+      args.h_exchange[h_at] = M(0);
+      args.h_exchange[args.batch_size * args.h_exchange_pitch + h_at] = M(0);
+    }
   }
 }
 
@@ -150,11 +186,15 @@ __device__ __forceinline__ void load_step_inputs(const ForwardArgs<T>& args,
 // tile) sums the 16-byte chunks part, part + dot_split, ... of the state for
 // kTileRows rows and the unit's three gates, into partial_sums (threads of
 // consecutive units read rows of W_h an odd number of chunks apart: no bank
-// conflict; those of one tile share the h rows).
-template <typename T, int kTileRows>
+// conflict; those of one tile share the h rows). h_prev's rows are
+// `h_stride` apart, zero past the state: in shared memory (`pitch`), or
+// with kFromGlobal in global memory (h_exchange's, read at L2; no row past
+// the active ones read).
+template <typename T, int kTileRows, bool kFromGlobal = false>
 __device__ __forceinline__ void recurrent_matvec(const ForwardShared<T>& shared,
-                                                 const acc_t<T>* h_prev, const BlockSlice& slice,
-                                                 int active, int dot_split) {
+                                                 const acc_t<T>* h_prev, int64_t h_stride,
+                                                 const BlockSlice& slice, int active,
+                                                 int dot_split) {
   using M = acc_t<T>;
   constexpr int kChunk = 16 / sizeof(T);  // elements of a 16-byte chunk of W_h
   using Chunk = Pack<T, kChunk>;
@@ -170,58 +210,100 @@ __device__ __forceinline__ void recurrent_matvec(const ForwardShared<T>& shared,
     // The unit's input-gate row of the slice; its output-gate and candidate
     // rows are U and 2U rows on.
     const T* w_row = shared.weight_slice + unit * pitch;
-    int h_rows[kTileRows];  // offsets in h_prev (rows past R: its last, not used)
+    // Offsets in h_prev (rows past the active ones: the last active row's, not
+    // used); within a group's rows, which a block's shared memory or its
+    // pairs bound, far below 2^31.
+    int h_rows[kTileRows];
 #pragma unroll
     for (int r = 0; r < kTileRows; ++r) {
       const int row = tile * kTileRows + r;
-      h_rows[r] = (row < rows ? row : rows - 1) * pitch;
+      h_rows[r] = (row < active ? row : active - 1) * static_cast<int>(h_stride);
     }
-    M sums[kTileRows][3] = {};  // (tile row, gate)
-    for (int chunk = part; chunk < chunks; chunk += dot_split) {
-      const Chunk w_input = load_pack<kChunk>(w_row + chunk * kChunk);
-      const Chunk w_output = load_pack<kChunk>(w_row + units * pitch + chunk * kChunk);
-      const Chunk w_candidate = load_pack<kChunk>(w_row + 2 * units * pitch + chunk * kChunk);
+    // Rows a pass over the chunks sums at once: the tile's, but two at a
+    // time of float64 read in global memory (four rows' sums and loads in
+    // flight would not fit in the registers).
+    constexpr int kPassRows = kFromGlobal && sizeof(M) == 8 && kTileRows > 2 ? 2 : kTileRows;
 #pragma unroll
-      for (int r = 0; r < kTileRows; ++r) {
-        M h[kChunk];
-        load_math_elements(h_prev + h_rows[r] + chunk * kChunk, h);
+    for (int first = 0; first < kTileRows; first += kPassRows) {
+      M sums[kPassRows][3] = {};  // (row of the pass, gate)
+      for (int chunk = part; chunk < chunks; chunk += dot_split) {
+        const Chunk w_input = load_pack<kChunk>(w_row + chunk * kChunk);
+        const Chunk w_output = load_pack<kChunk>(w_row + units * pitch + chunk * kChunk);
+        const Chunk w_candidate = load_pack<kChunk>(w_row + 2 * units * pitch + chunk * kChunk);
 #pragma unroll
-        for (int v = 0; v < kChunk; ++v) {
-          sums[r][0] += h[v] * M(w_input.v[v]);
-          sums[r][1] += h[v] * M(w_output.v[v]);
-          sums[r][2] += h[v] * M(w_candidate.v[v]);
+        for (int r = 0; r < kPassRows; ++r) {
+          M h[kChunk];
+          if constexpr (kFromGlobal) {
+            load_math_elements_from_blocks(h_prev + h_rows[first + r] + chunk * kChunk, h);
+          } else {
+            load_math_elements(h_prev + h_rows[first + r] + chunk * kChunk, h);
+          }
+#pragma unroll
+          for (int v = 0; v < kChunk; ++v) {
+            sums[r][0] += h[v] * M(w_input.v[v]);
+            sums[r][1] += h[v] * M(w_output.v[v]);
+            sums[r][2] += h[v] * M(w_candidate.v[v]);
+          }
         }
       }
-    }
 #pragma unroll
-    for (int r = 0; r < kTileRows; ++r) {
-      const int row = tile * kTileRows + r;
-      if (row >= active) continue;
+      for (int r = 0; r < kPassRows; ++r) {
+        const int row = tile * kTileRows + first + r;
+        if (row >= active) continue;
 #pragma unroll
-      for (int gate = 0; gate < 3; ++gate) {
-        shared.partial_sums[((part * rows + row) * 3 + gate) * units + unit] = sums[r][gate];
+        for (int gate = 0; gate < 3; ++gate) {
+          shared.partial_sums[((part * rows + row) * 3 + gate) * units + unit] = sums[r][gate];
+        }
       }
     }
   }
 }
 
 // The same partial sums on the tensor cores (lltm_cuda_tensor_cores.cuh):
-// the slice's 3U rows of W_h times h_prev (the step's active rows), the
-// state split `dot_split` ways along the instructions' steps. Plans of
-// kTensorCoreTileRows, 16-bit dtypes only.
-template <typename T>
+// the slice's 3U rows of W_h times h_prev (the step's active rows, as
+// recurrent_matvec reads them), the state split `dot_split` ways along the
+// instructions' steps. Plans of kTensorCoreTileRows, 16-bit dtypes only.
+template <typename T, bool kFromGlobal = false>
 __device__ __forceinline__ void recurrent_matvec_tensor_cores(const ForwardShared<T>& shared,
-                                                              const float* h_prev,
+                                                              const float* h_prev, int64_t h_stride,
                                                               const BlockSlice& slice, int active,
                                                               int dot_split) {
   const int gate_rows = 3 * slice.units_per_block;
   const int rows = slice.rows_per_group;
   float* partial_sums = shared.partial_sums;
-  tensor_core_product<T>(shared.weight_slice, /*m_stride=*/slice.pitch, /*k_stride=*/1, h_prev,
-                         slice.pitch, gate_rows, active, slice.state_size, dot_split,
+  const auto h_at = [&](int row, int unit) {
+    const float* at = h_prev + row * h_stride + unit;
+    if constexpr (kFromGlobal) {
+      return load_from_blocks(at);
+    } else {
+      return *at;
+    }
+  };
+  tensor_core_product<T>(shared.weight_slice, /*m_stride=*/slice.pitch, /*k_stride=*/1, h_at,
+                         gate_rows, active, slice.state_size, dot_split,
                          [&](int part, int gate_row, int row, float value) {
                            partial_sums[(part * rows + row) * gate_rows + gate_row] = value;
                          });
+}
+
+// The step's partial sums: on the tensor cores where the plan takes them
+// (kTileRows) and the block's slice of W_h is finite (`tensor_cores`), else
+// on the CUDA cores.
+template <typename T, int kTileRows, bool kFromGlobal>
+__device__ __forceinline__ void recurrent_products(const ForwardShared<T>& shared,
+                                                   const acc_t<T>* h_prev, int64_t h_stride,
+                                                   const BlockSlice& slice, int active,
+                                                   int dot_split, bool tensor_cores) {
+  if constexpr (kTileRows == kTensorCoreTileRows) {
+    if (tensor_cores) {
+      recurrent_matvec_tensor_cores<T, kFromGlobal>(shared, h_prev, h_stride, slice, active,
+                                                    dot_split);
+    } else {
+      recurrent_matvec<T, 1, kFromGlobal>(shared, h_prev, h_stride, slice, active, dot_split);
+    }
+  } else {
+    recurrent_matvec<T, kTileRows, kFromGlobal>(shared, h_prev, h_stride, slice, active, dot_split);
+  }
 }
 
 // The cell of each active pair of the thread: its pre-activations (the
@@ -231,7 +313,7 @@ __device__ __forceinline__ void recurrent_matvec_tensor_cores(const ForwardShare
 // state (not rounded); the new h also goes to the exchange, but after the
 // last step (h_next null): in cluster mode into `h_next` of every block of
 // the cluster, in cooperative mode into `h_next` in global memory where
-// h_exchange is used (16-bit).
+// h_exchange is used (16-bit, h_from_global).
 template <typename T, typename Exchange>
 __device__ __forceinline__ void cell_step(const ForwardArgs<T>& args,
                                           const ForwardShared<T>& shared, const BlockSlice& slice,
@@ -273,7 +355,7 @@ __device__ __forceinline__ void cell_step(const ForwardArgs<T>& args,
       M* to = h_next + row * slice.pitch + column;
       for (unsigned block = 0; block < gridDim.x; ++block) *Exchange::peer(to, block) = h_new;
     } else {
-      h_next[(slice.first_row + row) * state_size + column] = h_new;
+      h_next[(slice.first_row + row) * args.h_exchange_pitch + column] = h_new;
     }
   }
 }
@@ -283,7 +365,8 @@ __device__ __forceinline__ void cell_step(const ForwardArgs<T>& args,
 // it; in cooperative mode each block reads the step's h of the group's
 // active rows back into its one buffer, from `output` (16-bit: from
 // `h_sent`, where the cells wrote it in float32), and waits until all of it
-// is there.
+// is there; where h is read from global memory, `h_sent` holds it for the
+// products already.
 template <typename T, typename Exchange>
 __device__ __forceinline__ void exchange_h(const ForwardArgs<T>& args,
                                            const ForwardShared<T>& shared, const BlockSlice& slice,
@@ -291,6 +374,7 @@ __device__ __forceinline__ void exchange_h(const ForwardArgs<T>& args,
   using M = acc_t<T>;
   Exchange::sync();
   if constexpr (!Exchange::kCluster) {
+    if (args.h_from_global) return;
     constexpr int kChunk = 16 / sizeof(M);
     using Chunk = Pack<M, kChunk>;
     const int state_size = slice.state_size, pitch = slice.pitch;
@@ -344,9 +428,10 @@ __device__ __forceinline__ void store_final_state(const ForwardArgs<T>& args,
 }
 
 template <typename T, int kTileRows, typename Exchange>
-LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardArgs<T> args) {
-  const BlockSlice slice = block_slice(Exchange::rank(), args.batch_size, args.state_size,
-                                       args.units_per_block, args.rows_per_group, args.pitch);
+__device__ __forceinline__ void run_forward(const ForwardArgs<T>& args) {
+  const BlockSlice slice =
+      block_slice(Exchange::rank(), args.rows_begin, args.rows_end, args.state_size,
+                  args.units_per_block, args.rows_per_group, args.pitch);
   const ForwardShared<T> shared = forward_shared<T>(args.layout, slice);
   constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
   const unsigned* non_finite_weights =
@@ -354,7 +439,13 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
                                               args.weights_row_stride, args.weights_column_stride);
   load_initial_state<T, Exchange>(args, shared, slice);
   const ThreadPairs pairs = pairs_of_thread(slice);
-  Exchange::start();
+  // h0 in h_exchange is every block's: the grid barrier.
+  const bool h_from_global = !Exchange::kCluster && args.h_from_global;
+  if (h_from_global) {
+    Exchange::sync();
+  } else {
+    Exchange::start();
+  }
   // Block-uniform: every warp of the block takes the same product.
   const bool tensor_cores = kTensorCores && *non_finite_weights == 0;
 
@@ -376,16 +467,21 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
       load_step_inputs(args, slice, pairs, next, next_inputs);
     }
     const int active = active_rows(step, slice);
-    // Cluster mode: step k reads h buffer k mod 2 and pushes into the other.
-    const M* h_prev = shared.h_buffers + (Exchange::kCluster ? int(k & 1) * h_buffer_size : 0);
-    if constexpr (kTensorCores) {
-      if (tensor_cores) {
-        recurrent_matvec_tensor_cores<T>(shared, h_prev, slice, active, args.dot_split);
-      } else {
-        recurrent_matvec<T, 1>(shared, h_prev, slice, active, args.dot_split);
-      }
+    if constexpr (Exchange::kCluster) {
+      // Step k reads h buffer k mod 2 and pushes into the other.
+      recurrent_products<T, kTileRows, false>(shared, shared.h_buffers + int(k & 1) * h_buffer_size,
+                                              slice.pitch, slice, active, args.dot_split,
+                                              tensor_cores);
+    } else if (h_from_global) {
+      // Step k reads h_exchange's buffer (k + 1) mod 2 (h0, or step k - 1's h).
+      const int64_t pitch = args.h_exchange_pitch;
+      const M* h_prev =
+          args.h_exchange + int((k + 1) & 1) * args.batch_size * pitch + slice.first_row * pitch;
+      recurrent_products<T, kTileRows, true>(shared, h_prev, pitch, slice, active, args.dot_split,
+                                             tensor_cores);
     } else {
-      recurrent_matvec<T, kTileRows>(shared, h_prev, slice, active, args.dot_split);
+      recurrent_products<T, kTileRows, false>(shared, shared.h_buffers, slice.pitch, slice, active,
+                                              args.dot_split, tensor_cores);
     }
     __syncthreads();
     // Where the step's h goes for the next step: none after the last, nor
@@ -393,8 +489,8 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
     M* h_next = nullptr;
     if (!last && Exchange::kCluster) {
       h_next = shared.h_buffers + int((k + 1) & 1) * h_buffer_size;
-    } else if (!last && kWidened<T>) {
-      h_next = args.h_exchange + int(k & 1) * args.batch_size * args.state_size;
+    } else if (!last && (kWidened<T> || h_from_global)) {
+      h_next = args.h_exchange + int(k & 1) * args.batch_size * args.h_exchange_pitch;
     }
     cell_step<T, Exchange>(args, shared, slice, pairs, inputs, step, active, h_next);
     if (!last) exchange_h<T, Exchange>(args, shared, slice, step, active, h_next);
@@ -402,6 +498,15 @@ LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardA
     inputs = next_inputs;
   }
   store_final_state(args, shared, slice);
+}
+
+template <typename T, int kTileRows, typename Exchange>
+LLTM_PERSISTENT_KERNEL sequence_forward_kernel(const LLTM_GRID_CONSTANT ForwardArgs<T> args) {
+  if constexpr (kKernelLaunchable<T, kTileRows>) {
+    run_forward<T, kTileRows, Exchange>(args);
+  } else {
+    __trap();
+  }
 }
 
 }  // namespace lltm::cuda::persistent

@@ -15,6 +15,19 @@
 // global memory). The backward runs the same way, the gradient of h reduced
 // across the P blocks.
 //
+// Where a cooperative forward finds no split whose blocks hold both their
+// slice of W_h and a copy of the group's h (rows x S, in the math type), its
+// products read h where the blocks wrote it, in global memory at L2
+// (`h_from_global`): shared memory then holds W_h alone, so that W_h spread
+// over every multiprocessor fits (at S = 1024 on an H100: 48 KiB of 16-bit
+// W_h a block, beside 258 KiB of float32 h for 64 rows).
+//
+// Where no plan fits the whole batch at once but one fits a part of it
+// (too many (row, unit) pairs for the blocks that run at once: (256, 1024)
+// on an H100), the batch runs in waves: up to kMaxWaves launches one after
+// another, each a persistent launch over every step for its rows (the rows
+// never interact), rather than the per-step path.
+//
 // Dtypes: float32 and float64 compute in their own precision; float16 and
 // bfloat16 keep W_h in 16 bits in shared memory (half the bytes of float32:
 // slices twice as large fit, so sizes whose W_h does not fit on chip in
@@ -53,6 +66,9 @@ constexpr int kPersistentPairs = 2;
 // Distinct batch sizes of a packed sequence the launch's parameters carry (a
 // packed sequence with more takes the per-step path).
 constexpr int kPersistentMaxRuns = 256;
+// Launches a batch may be split into, one after another (each walks every
+// step: more waves, more of the barriers' and the steps' fixed cost).
+constexpr int kMaxWaves = 4;
 // The tile height of plans whose products run on the tensor cores (the
 // batch rows of an mma.sync m16n8k16: its N), and the rows of W_h (M) and
 // inner elements (K) of one instruction.
@@ -94,6 +110,7 @@ class Occupancy {
 // group's rows, S wide, `pitch` apart: two buffers in cluster mode, one in
 // cooperative), `scratch` (the product's partial sums, split x rows x 3U),
 // `state` (the running cell and h of the block's pairs, 2 x rows x U).
+// Plans that read h from global memory (h_from_global) have no `exchange`.
 // Tensor-core plans only: `flags` (16 bytes: whether the block's slice of
 // W_h holds a non-finite value, lltm_cuda_persistent.cuh).
 // Backward: `weights` (the same rows), `exchange` (cluster mode: the partial
@@ -116,7 +133,14 @@ struct SequencePlan {
   // Batch rows of a thread's tile in the products: 1 or 4 on the CUDA
   // cores; kTensorCoreTileRows for a warp's tile on the tensor cores.
   int tile_rows = 1;
-  int64_t pitch = 0;    // elements between rows of W_h (and of h) in shared memory
+  int64_t pitch = 0;  // elements between rows of W_h (and of h) in shared memory
+  // Forward, cooperative: the products read the group's h in global memory
+  // (at L2), not from a copy in shared memory.
+  bool h_from_global = false;
+  // Launches one after another, each of `wave_rows` batch rows (the last
+  // may have fewer); blocks, groups and rows above are a wave's.
+  int waves = 1;
+  int64_t wave_rows = 0;
   SharedLayout layout;  // bytes
   int64_t shared_bytes = 0;
   std::string reason;  // per-step: why
@@ -147,7 +171,7 @@ inline int64_t shared_pitch(int64_t state, int element_size) {
 
 inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int element_size,
                                   int64_t state, int blocks, int64_t units, int64_t rows, int split,
-                                  bool tensor_cores) {
+                                  bool tensor_cores, bool h_from_global = false) {
   const int64_t math = math_element_size(element_size);
   // Bytes of `elements` math elements, rounded up to 16.
   const auto math_bytes = [math](int64_t elements) {
@@ -160,7 +184,7 @@ inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int elem
   l.exchange = 3 * units * pitch * element_size;
   int64_t exchange = 0, scratch = 0;
   if (pass == SequencePass::kForward) {
-    exchange = math_bytes((cluster ? 2 : 1) * rows * pitch);
+    exchange = h_from_global ? 0 : math_bytes((cluster ? 2 : 1) * rows * pitch);
     scratch = math_bytes(int64_t(split) * rows * 3 * units);
   } else {
     exchange = cluster ? math_bytes(2 * int64_t(blocks) * rows * units) : 0;
@@ -228,7 +252,7 @@ inline bool tensor_core_products(int element_size, int major) {
 // still exceed.
 inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_size, int64_t batch,
                             int64_t state, int blocks, int64_t group_rows, int64_t shared_limit,
-                            bool tensor_cores) {
+                            bool tensor_cores, bool h_from_global = false) {
   SequencePlan p;
   p.units = plan_ceil_div(state, blocks);
   p.blocks = static_cast<int>(plan_ceil_div(state, p.units));
@@ -241,9 +265,10 @@ inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_si
   p.tile_rows = shape.tile_rows;
   p.pitch = shared_pitch(state, element_size);
   p.path = path;
+  p.h_from_global = h_from_global;
   for (;;) {
     p.layout = shared_layout(pass, path, element_size, state, p.blocks, p.units, group_rows,
-                             p.split, tensor_cores);
+                             p.split, tensor_cores, h_from_global);
     p.shared_bytes = p.layout.total;
     if (p.shared_bytes <= shared_limit || p.split == 1) break;
     p.split /= 2;
@@ -262,11 +287,12 @@ inline std::string kib(int64_t bytes) {
 // calculator), ties broken by fewer blocks along the state where
 // `prefer_fewer` (cooperative: h goes through global memory, P times a step)
 // and by more otherwise (clusters: the slice of W_h a block reads every step
-// is smaller). Candidates for P: `sizes`.
+// is smaller). Candidates for P: `sizes`. `h_from_global`: plans whose
+// forward reads h in global memory.
 template <typename Fits>
 SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, int64_t batch,
                        int64_t state, const DeviceLimits& device, const int* sizes, int count,
-                       bool prefer_fewer, const Fits& fits) {
+                       bool prefer_fewer, bool h_from_global, const Fits& fits) {
   SequencePlan best;
   int64_t tried[32] = {};
   int tried_count = 0;
@@ -284,9 +310,9 @@ SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, i
     // plan fits: the first that fits has the most blocks for this P.
     for (int64_t rows = plan_ceil_div(batch, most_groups); rows <= batch; ++rows) {
       if (rows > 1 && plan_ceil_div(batch, rows) == plan_ceil_div(batch, rows - 1)) continue;
-      const SequencePlan p =
-          plan_of(pass, path, element_size, batch, state, static_cast<int>(blocks), rows,
-                  device.shared_per_block, tensor_core_products(element_size, device.major));
+      const SequencePlan p = plan_of(
+          pass, path, element_size, batch, state, static_cast<int>(blocks), rows,
+          device.shared_per_block, tensor_core_products(element_size, device.major), h_from_global);
       if (p.threads == 0) break;                            // more rows: more pairs
       if (p.shared_bytes > device.shared_per_block) break;  // more rows need more
       if (!fits(p)) continue;
@@ -303,10 +329,14 @@ SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, i
   return best;
 }
 
-// The rule. `enabled` is false where LLTM_CUDA_PERSISTENT=0.
-inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t batch, int64_t state,
+// The start of the reason where no plan fits.
+constexpr const char* kNothingFits = "no split fits on chip with every block running at once";
+
+// The rule for the whole batch in one launch. `enabled` is false where
+// LLTM_CUDA_PERSISTENT=0.
+inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t batch, int64_t state,
                                   const DeviceLimits& device, const Occupancy& occupancy,
-                                  bool enabled = true) {
+                                  bool enabled) {
   SequencePlan none;
   if (!enabled) {
     none.reason = "LLTM_CUDA_PERSISTENT=0";
@@ -330,24 +360,29 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
     static constexpr int kSizes[] = {16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1};
     SequencePlan p = best_plan(
         pass, SequencePath::kCluster, element_size, batch, state, device, kSizes, 16,
-        /*prefer_fewer=*/false, [&](const SequencePlan& plan) {
+        /*prefer_fewer=*/false, /*h_from_global=*/false, [&](const SequencePlan& plan) {
           return occupancy.active_clusters(pass, plan.tile_rows, plan.blocks, plan.groups,
                                            plan.threads, plan.shared_bytes) >= plan.groups;
         });
     if (p.persistent()) return p;
   }
-  // A cooperative grid: every block running at once.
+  // A cooperative grid: every block running at once; in the forward, where
+  // no block holds both its slice of W_h and the group's h, with h read in
+  // global memory.
   if (device.cooperative) {
     static constexpr int kSizes[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
-    SequencePlan p =
-        best_plan(pass, SequencePath::kCooperative, element_size, batch, state, device, kSizes, 11,
-                  /*prefer_fewer=*/true, [&](const SequencePlan& plan) {
-                    const int per_multiprocessor = occupancy.blocks_per_multiprocessor(
-                        pass, plan.tile_rows, plan.threads, plan.shared_bytes);
-                    return int64_t(per_multiprocessor) * device.multiprocessors >=
-                           int64_t(plan.blocks) * plan.groups;
-                  });
-    if (p.persistent()) return p;
+    const auto fits = [&](const SequencePlan& plan) {
+      const int per_multiprocessor = occupancy.blocks_per_multiprocessor(
+          pass, plan.tile_rows, plan.threads, plan.shared_bytes);
+      return int64_t(per_multiprocessor) * device.multiprocessors >=
+             int64_t(plan.blocks) * plan.groups;
+    };
+    for (const bool h_from_global : {false, true}) {
+      if (h_from_global && pass != SequencePass::kForward) break;
+      SequencePlan p = best_plan(pass, SequencePath::kCooperative, element_size, batch, state,
+                                 device, kSizes, 11, /*prefer_fewer=*/true, h_from_global, fits);
+      if (p.persistent()) return p;
+    }
   }
   if (!device.cooperative && !(device.clusters && device.major >= 9)) {
     none.reason = "the device has neither cooperative nor cluster launches";
@@ -357,12 +392,37 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
   const int64_t most_blocks = std::min<int64_t>(state, device.multiprocessors);
   const int64_t units = plan_ceil_div(state, most_blocks);
   const int64_t weights = 3 * units * shared_pitch(state, element_size) * element_size;
-  none.reason = "no split fits on chip with every block running at once (W_h across " +
-                std::to_string(most_blocks) + " blocks: " + kib(weights) + " a block, of " +
-                kib(device.shared_per_block) + " of shared memory; the state of at most " +
+  none.reason = std::string(kNothingFits) + " (W_h across " + std::to_string(most_blocks) +
+                " blocks: " + kib(weights) + " a block, of " + kib(device.shared_per_block) +
+                " of shared memory; the state of at most " +
                 std::to_string(kPersistentPairs * kPersistentMaxThreads) +
                 " (row, unit) pairs a block)";
   return none;
+}
+
+// The rule: the whole batch in one launch where a plan fits it, else in the
+// fewest waves (up to kMaxWaves) whose rows a plan fits, else per step (the
+// one-launch rule's reason).
+inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t batch, int64_t state,
+                                  const DeviceLimits& device, const Occupancy& occupancy,
+                                  bool enabled = true) {
+  SequencePlan whole = plan_one_wave(pass, element_size, batch, state, device, occupancy, enabled);
+  whole.wave_rows = batch;
+  if (whole.persistent() || whole.reason.rfind(kNothingFits, 0) != 0) return whole;
+  int64_t tried_rows = batch;
+  for (int waves = 2; waves <= kMaxWaves; ++waves) {
+    const int64_t rows = plan_ceil_div(batch, waves);
+    if (rows == tried_rows) continue;
+    tried_rows = rows;
+    SequencePlan part = plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled);
+    if (!part.persistent()) continue;
+    part.waves = static_cast<int>(plan_ceil_div(batch, rows));
+    part.wave_rows = rows;
+    return part;
+  }
+  whole.reason.insert(std::string(kNothingFits).size(),
+                      ", the batch whole or in up to " + std::to_string(kMaxWaves) + " waves");
+  return whole;
 }
 
 inline std::string count(int64_t n, const char* one, const char* many) {
@@ -378,7 +438,11 @@ inline std::string describe(const SequencePlan& p) {
          count(p.units, "state unit", "state units") + ", " +
          count(p.group_rows, "batch row", "batch rows") + " a block), " +
          count(p.threads, "thread", "threads") + ", " + kib(p.shared_bytes) + " shared memory" +
-         (p.tile_rows == kTensorCoreTileRows ? ", tensor cores" : "");
+         (p.tile_rows == kTensorCoreTileRows ? ", tensor cores" : "") +
+         (p.h_from_global ? ", h read from global memory" : "") +
+         (p.waves > 1 ? ", " + std::to_string(p.waves) + " waves of " +
+                            count(p.wave_rows, "batch row", "batch rows")
+                      : "");
 }
 
 }  // namespace lltm::cuda

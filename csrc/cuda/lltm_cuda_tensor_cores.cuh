@@ -2,8 +2,9 @@
 // recurrence (lltm_cuda_persistent_forward.cuh, _backward.cuh):
 // D(m, n) = sum_k W(m, k) X(n, k), with W the block's slice of W_h in 16
 // bits (its gate rows in the forward, the state's units in the backward: M)
-// and X float32 in shared memory, a row per batch row (the running h, or
-// the step's gate gradients: N), D float32. Each warp computes 16 x 8 tiles
+// and X float32, a row per batch row (the running h, or the step's gate
+// gradients: N), read through a function of (n, k) (shared memory, or
+// global memory at L2 where a plan reads h there), D float32. Each warp computes 16 x 8 tiles
 // of D with mma.sync m16n8k16 (warp_mma_m16n8k16_pair,
 // lltm_cuda_runtime.h) in float32 accumulators. The batch is the instruction's N, 8 rows, as the
 // blocks' groups have few rows (2 to 24 at the GPU sizes): as M it would
@@ -83,19 +84,18 @@ __device__ __forceinline__ void load_a(const T* w, int m_stride, int k_stride, i
 }
 
 // A lane's B fragment: X's tile at (k0, n0), B(k, n) = X(n, k) =
-// x[n * ldx + k], split in its high and low 16-bit terms; zero at
-// n >= ns or k >= inner.
-template <typename T>
-__device__ __forceinline__ void load_b_split(const float* x, int ldx, int k0, int n0, int ns,
-                                             int inner, uint32_t (&high)[2], uint32_t (&low)[2]) {
+// x_at(n, k), split in its high and low 16-bit terms; zero at n >= ns or
+// k >= inner (x_at is not called there).
+template <typename T, typename XAt>
+__device__ __forceinline__ void load_b_split(const XAt& x_at, int k0, int n0, int ns, int inner,
+                                             uint32_t (&high)[2], uint32_t (&low)[2]) {
   const int lane = int(threadIdx.x % 32);
   const int n = n0 + lane / 4, t = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {  // register r: k + 8 for r = 1
     const int k = k0 + 2 * t + r * 8;
-    const float* at = x + n * ldx + k;
-    const float first = n < ns && k < inner ? at[0] : 0.0f;
-    const float second = n < ns && k + 1 < inner ? at[1] : 0.0f;
+    const float first = n < ns && k < inner ? x_at(n, k) : 0.0f;
+    const float second = n < ns && k + 1 < inner ? x_at(n, k + 1) : 0.0f;
     const T first_high(first), second_high(second);
     high[r] = pack_pair(first_high, second_high);
     low[r] = pack_pair(low_term<T>(first, first_high), low_term<T>(second, second_high));
@@ -103,17 +103,22 @@ __device__ __forceinline__ void load_b_split(const float* x, int ldx, int k0, in
 }
 
 // D(m, n) = sum_k W(m, k) X(n, k) for W(m, k) = w[m * m_stride + k *
-// k_stride] (T, ms x inner) and X (ns x inner, float32, rows `ldx` apart),
+// k_stride] (T, ms x inner) and X(n, k) = x_at(n, k) (ns x inner, float32),
 // over the warps of the block: the inner dimension is split into `split`
 // parts (part p takes the instructions' steps p, p + split, ...), and each
 // warp takes (part, tile) items in turn, every lane of it the same ones. For
 // each element of D (m < ms, n < ns) of a part, store(part, m, n, value) is
 // called by the lane that holds it. Every thread of the block must call
 // this, the block's size a multiple of 32.
-template <typename T, typename Store>
+// Steps whose X fragments a warp loads before it issues their instructions:
+// loads in flight together, where X is read at L2 (a plan that reads h in
+// global memory) as much as from shared memory.
+constexpr int kStepsInFlight = 2;
+
+template <typename T, typename XAt, typename Store>
 __device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, int k_stride,
-                                                    const float* x, int ldx, int ms, int ns,
-                                                    int inner, int split, const Store& store) {
+                                                    const XAt& x_at, int ms, int ns, int inner,
+                                                    int split, const Store& store) {
   static_assert(sizeof(T) == 2, "16-bit inputs");
   constexpr bool kBFloat16 = std::is_same_v<T, torch::headeronly::BFloat16>;
   const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
@@ -127,13 +132,24 @@ __device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, in
     const int m0 = (tile % m_tiles) * kTensorCoreTileWeights;
     const int n0 = (tile / m_tiles) * kTensorCoreTileRows;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int step = part; step < steps; step += split) {
-      const int k0 = step * kTensorCoreInner;
-      uint32_t a[4], high[2], low[2];
-      load_a<T>(w, m_stride, k_stride, m0, k0, ms, inner, a);
-      load_b_split<T>(x, ldx, k0, n0, ns, inner, high, low);
-      // The low terms first: the smaller sums meet first.
-      warp_mma_m16n8k16_pair<kBFloat16>(d, a, low, high);
+    for (int first = part; first < steps; first += kStepsInFlight * split) {
+      // X's fragments of kStepsInFlight steps first (zero past `inner`),
+      // then their instructions in step order.
+      uint32_t high[kStepsInFlight][2], low[kStepsInFlight][2];
+#pragma unroll
+      for (int i = 0; i < kStepsInFlight; ++i) {
+        load_b_split<T>(x_at, (first + i * split) * kTensorCoreInner, n0, ns, inner, high[i],
+                        low[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kStepsInFlight; ++i) {
+        const int step = first + i * split;  // the same in every lane
+        if (step >= steps) break;
+        uint32_t a[4];
+        load_a<T>(w, m_stride, k_stride, m0, step * kTensorCoreInner, ms, inner, a);
+        // The low terms first: the smaller sums meet first.
+        warp_mma_m16n8k16_pair<kBFloat16>(d, a, low[i], high[i]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -62,7 +62,8 @@ template <typename T>
 __global__ void tensor_core_product_kernel(const T* w, const float* x, float* out, int ms, int ns,
                                            int inner, int split, bool k_contiguous) {
   lltm::cuda::tensor_core_product<T>(
-      w, k_contiguous ? inner : 1, k_contiguous ? 1 : ms, x, inner, ms, ns, inner, split,
+      w, k_contiguous ? inner : 1, k_contiguous ? 1 : ms,
+      [&](int n, int k) { return x[int64_t(n) * inner + k]; }, ms, ns, inner, split,
       [&](int part, int m, int n, float value) { out[(int64_t(part) * ms + m) * ns + n] = value; });
 }
 
