@@ -225,6 +225,7 @@ SANITIZED_CUDA_HOST_TESTS = [
     "tests/test_cuda_host.py",
     "tests/test_cuda_persistent.py",
     "tests/test_cuda_persistent_16_bit.py",
+    "tests/test_cuda_persistent_whole_gpu.py",
     "tests/test_cuda_work.py",
     "tests/test_fuzz.py",
 ]
