@@ -40,6 +40,16 @@ pytestmark = cuda_host.ONLY
 GLOBAL = "h read from global memory"
 
 
+def _assert_matches_oracle(args: list) -> None:
+    """lltm's ops against the float64 oracle, within its dtype's bounds."""
+    dtype = args[0].dtype
+    if dtype in (torch.bfloat16, torch.float16):
+        assert_matches_oracle_16_bit(args, "strided", "both", [True] * 5)
+    else:
+        tol = F64 if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-5)
+        assert_matches_oracle(args, "strided", "both", [True] * 5, tol)
+
+
 # --- h read from global memory -------------------------------------------------------------
 
 
@@ -95,11 +105,7 @@ def test_matches_the_float64_oracle(dtype, batch, state, capability, kib, revers
         _small_gpu(gpu, capability, kib)
         forward = path(element_size, batch, state).splitlines()[0]
         launches = gpu.launches()
-        if element_size == 2:
-            assert_matches_oracle_16_bit(args, "strided", "both", [True] * 5)
-        else:
-            tol = F64 if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-5)
-            assert_matches_oracle(args, "strided", "both", [True] * 5, tol)
+        _assert_matches_oracle(args)
         launched = gpu.launches() - launches
     assert "2 groups x 2 blocks" in forward and GLOBAL in forward, forward
     assert ("tensor cores" in forward) == (element_size == 2 and capability >= (8, 0)), forward
@@ -192,11 +198,7 @@ def test_waves_match_the_float64_oracle(case, packed, reverse):
         set_up(gpu)
         forward, backward = path(element_size, batch, state).splitlines()
         launches = gpu.launches()
-        if element_size == 2:
-            assert_matches_oracle_16_bit(args, "strided", "both", [True] * 5)
-        else:
-            tol = F64 if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-5)
-            assert_matches_oracle(args, "strided", "both", [True] * 5, tol)
+        _assert_matches_oracle(args)
         launched = gpu.launches() - launches
     waves = (_waves(forward), _waves(backward))
     assert waves == (forward_waves, backward_waves), f"{forward}\n{backward}"

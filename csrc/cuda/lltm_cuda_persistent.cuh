@@ -101,20 +101,6 @@ namespace lltm::cuda::persistent {
 template <typename T>
 constexpr bool kWidened = sizeof(T) < sizeof(acc_t<T>);
 
-// kCount elements of the math type M from shared memory, 16 bytes a load
-// (float32: the 8 elements a 16-byte chunk of 16-bit W_h spans take two).
-template <int kCount, typename M>
-__device__ __forceinline__ void load_math_elements(const M* from, M (&to)[kCount]) {
-  constexpr int kPerLoad = 16 / sizeof(M);
-  static_assert(kCount % kPerLoad == 0, "whole 16-byte loads");
-#pragma unroll
-  for (int load = 0; load < kCount / kPerLoad; ++load) {
-    const Pack<M, kPerLoad> pack = load_pack<kPerLoad>(from + load * kPerLoad);
-#pragma unroll
-    for (int i = 0; i < kPerLoad; ++i) to[load * kPerLoad + i] = pack.v[i];
-  }
-}
-
 // --- The steps of a call ------------------------------------------------------------------
 
 // The steps of a call as runs of equal batch sizes, in step order (an
@@ -211,14 +197,22 @@ __device__ __forceinline__ Pack<T, kVec> load_pack_from_blocks(const T* p) {
 #endif
 }
 
-// load_math_elements of memory other blocks wrote, read as above.
-template <int kCount, typename M>
-__device__ __forceinline__ void load_math_elements_from_blocks(const M* from, M (&to)[kCount]) {
+// kCount elements of the math type M, 16 bytes a load (float32: the 8
+// elements a 16-byte chunk of 16-bit W_h spans take two): from shared
+// memory, or with kFromBlocks from global memory other blocks wrote, read as
+// above.
+template <int kCount, bool kFromBlocks = false, typename M>
+__device__ __forceinline__ void load_math_elements(const M* from, M (&to)[kCount]) {
   constexpr int kPerLoad = 16 / sizeof(M);
   static_assert(kCount % kPerLoad == 0, "whole 16-byte loads");
 #pragma unroll
   for (int load = 0; load < kCount / kPerLoad; ++load) {
-    const Pack<M, kPerLoad> pack = load_pack_from_blocks<kPerLoad>(from + load * kPerLoad);
+    Pack<M, kPerLoad> pack;
+    if constexpr (kFromBlocks) {
+      pack = load_pack_from_blocks<kPerLoad>(from + load * kPerLoad);
+    } else {
+      pack = load_pack<kPerLoad>(from + load * kPerLoad);
+    }
 #pragma unroll
     for (int i = 0; i < kPerLoad; ++i) to[load * kPerLoad + i] = pack.v[i];
   }

@@ -233,11 +233,7 @@ __device__ __forceinline__ void recurrent_matvec(const ForwardShared<T>& shared,
 #pragma unroll
         for (int r = 0; r < kPassRows; ++r) {
           M h[kChunk];
-          if constexpr (kFromGlobal) {
-            load_math_elements_from_blocks(h_prev + h_rows[first + r] + chunk * kChunk, h);
-          } else {
-            load_math_elements(h_prev + h_rows[first + r] + chunk * kChunk, h);
-          }
+          load_math_elements<kChunk, kFromGlobal>(h_prev + h_rows[first + r] + chunk * kChunk, h);
 #pragma unroll
           for (int v = 0; v < kChunk; ++v) {
             sums[r][0] += h[v] * M(w_input.v[v]);
