@@ -4,11 +4,11 @@
 // bits (its gate rows in the forward, the state's units in the backward: M)
 // and X float32, a row per batch row (the running h, or the step's gate
 // gradients: N), read through a function of (n, k) (shared memory, or
-// global memory at L2 where a plan reads h there), D float32. Each warp computes 16 x 8 tiles
-// of D with mma.sync m16n8k16 (warp_mma_m16n8k16_pair,
-// lltm_cuda_runtime.h) in float32 accumulators. The batch is the instruction's N, 8 rows, as the
-// blocks' groups have few rows (2 to 24 at the GPU sizes): as M it would
-// leave more of each instruction idle.
+// global memory at L2 where a plan reads h there), D float32. Each warp
+// computes 16 x 8 tiles of D with mma.sync m16n8k16 (warp_mma_m16n8k16_pair,
+// lltm_cuda_runtime.h) in float32 accumulators. The batch is the
+// instruction's N, 8 rows, as the blocks' groups have few rows (2 to 24 at
+// the GPU sizes): as M it would leave more of each instruction idle.
 //
 // X is float32 and stays so: each of its elements enters the product as two
 // 16-bit terms, high = T(x) and low = T(x - high), so that the product
@@ -102,6 +102,13 @@ __device__ __forceinline__ void load_b_split(const XAt& x_at, int k0, int n0, in
   }
 }
 
+// Steps whose X fragments a warp loads before it issues their instructions,
+// so that their loads are in flight together: where X is read at L2 (a plan
+// that reads h in global memory) as much as from shared memory. Two, not
+// more: the cooperative forward, which carries both ways of reading h, stays
+// within its 128 registers.
+constexpr int kStepsInFlight = 2;
+
 // D(m, n) = sum_k W(m, k) X(n, k) for W(m, k) = w[m * m_stride + k *
 // k_stride] (T, ms x inner) and X(n, k) = x_at(n, k) (ns x inner, float32),
 // over the warps of the block: the inner dimension is split into `split`
@@ -110,11 +117,6 @@ __device__ __forceinline__ void load_b_split(const XAt& x_at, int k0, int n0, in
 // each element of D (m < ms, n < ns) of a part, store(part, m, n, value) is
 // called by the lane that holds it. Every thread of the block must call
 // this, the block's size a multiple of 32.
-// Steps whose X fragments a warp loads before it issues their instructions:
-// loads in flight together, where X is read at L2 (a plan that reads h in
-// global memory) as much as from shared memory.
-constexpr int kStepsInFlight = 2;
-
 template <typename T, typename XAt, typename Store>
 __device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, int k_stride,
                                                     const XAt& x_at, int ms, int ns, int inner,
