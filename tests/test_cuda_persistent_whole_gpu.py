@@ -11,7 +11,8 @@ For each: the rule on an H100 at the map's sizes that take it; the float64
 oracle on small emulated GPUs whose limits force it (several groups and
 blocks, padded and packed in both directions: rows that become active in
 reverse read h0), on the CUDA cores in every dtype and on the tensor cores
-in 16 bits; and, for the first, its barriers.
+in 16 bits; for the first, its barriers; and, where both meet, lltm's
+16-bit error held to nn.LSTM's.
 
 Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 
 import cuda_host
+import lstm_bound
 import pytest
 import torch
 from test_cuda_persistent import (
@@ -205,6 +207,26 @@ def test_waves_match_the_float64_oracle(case, packed, reverse):
     # sequence_forward a launch a wave; sequence_backward and
     # sequence_gate_grads, the backward's waves each.
     assert launched == forward_waves + 2 * backward_waves + _gathers(args, [True] * 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_under_autocast_no_less_accurate_than_nn_lstm(dtype):
+    # tests/test_cuda_persistent_16_bit.py's accuracy bound where both plans
+    # meet: on 2 multiprocessors of 8 KiB a block, (32, 32) runs in 4 waves
+    # both ways, the forward reading h in global memory, on the tensor cores.
+    size = (20, 32, 16, 32)
+    theirs, _ = lstm_bound.lstm_errors(size, dtype, "cpu")
+    with emulated("cooperative") as gpu:
+        gpu.set_multiprocessors(2)
+        gpu.set_shared_memory(8 * 1024, 8 * 1024)
+        forward, backward = path(2, 32, 32).splitlines()
+        launches = gpu.launches()
+        ours = lstm_bound.lltm_errors(size, dtype, "cpu")
+        launched = gpu.launches() - launches
+    assert GLOBAL in forward and "tensor cores" in forward, forward
+    assert "4 waves" in forward and "4 waves" in backward, (forward, backward)
+    assert launched == 8
+    lstm_bound.assert_no_less_accurate(ours, theirs)
 
 
 # --- The whole map -------------------------------------------------------------------------
