@@ -71,21 +71,47 @@ bool rows_fit_wide_packs(int64_t state, std::initializer_list<const void*> point
   });
 }
 
+// Clears `error`, a runtime call's of lltm's that lltm answers itself, from
+// the thread's last error (cudaGetLastError), where it still stands there: a
+// failing call makes its error the last one. Any other error is left alone:
+// it is another library's (or the program's), pending until its owner reads
+// it, and was there before lltm's calls, which all succeeded.
+inline void forget_error(cudaError_t error) {
+  if (error != cudaSuccess && cudaPeekAtLastError() == error) (void)cudaGetLastError();
+}
+
+// Errors no runtime call makes, only a kernel that ran: an earlier
+// kernel's (lltm's or another's, run asynchronously), which left the context
+// unusable and now fails every call.
+inline bool is_earlier_kernel_error(cudaError_t error) {
+  return error == cudaErrorIllegalAddress || error == cudaErrorLaunchFailure ||
+         error == cudaErrorMisalignedAddress || error == cudaErrorIllegalInstruction ||
+         error == cudaErrorAssert || error == cudaErrorHardwareStackError ||
+         error == cudaErrorLaunchTimeout;
+}
+
+// Raises lltm's error of `what`, cleared from the thread's last error, as
+// torch clears the errors it raises (C10_CUDA_CHECK).
 [[noreturn]] inline void fail_cuda(const std::string& what, cudaError_t error) {
+  forget_error(error);
   std::string message = "lltm: " + what + " failed: " + cudaGetErrorString(error);
   if (error == cudaErrorNoKernelImageForDevice) {
     message +=
         " (lltm's CUDA kernels were not compiled for this GPU; rebuild "
         "with its compute capability in TORCH_CUDA_ARCH_LIST)";
+  } else if (is_earlier_kernel_error(error)) {
+    message += " (an earlier kernel's error, which left the CUDA context unusable)";
   }
   throw std::runtime_error(message);
 }
 
-// A launch error (bad configuration, missing kernel image) is reported right
-// away; errors inside the kernel surface at the next synchronisation, as for
-// torch's own kernels.
-inline void check_launch(const char* kernel) {
-  const cudaError_t error = cudaGetLastError();
+// A launch's error (bad configuration, missing kernel image), the code its
+// LLTM_LAUNCH returned, is reported right away; errors inside the kernel
+// surface at the next synchronisation, as for torch's own kernels. The
+// launch's own code, not the thread's last error: that may hold another
+// library's launch error, pending since before lltm's launch, which would
+// be reported as lltm's (and cleared, so that its owner never sees it).
+inline void check_launch(const char* kernel, cudaError_t error) {
   if (error != cudaSuccess) fail_cuda(std::string("launching ") + kernel, error);
 }
 

@@ -103,16 +103,17 @@ inline void recurrent_product(Tensor& out, const Tensor& a, const Tensor& b, boo
   const dim3 grid(
       static_cast<unsigned>(std::min(ceil_div(rows * cols, kRecurrentProductThreads), max_blocks)));
   const dim3 block(static_cast<unsigned>(kRecurrentProductThreads));
+  cudaError_t error;
   if (a.scalar_type() == torch::headeronly::ScalarType::Double) {
-    LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
+    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
         out.mutable_data_ptr<double>(), out.stride(0), a.const_data_ptr<double>(), a.stride(0),
         b.const_data_ptr<double>(), b.stride(0), rows, cols, inner, accumulate);
   } else {
-    LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
+    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
         out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),
         b.const_data_ptr<float>(), b.stride(0), rows, cols, inner, accumulate);
   }
-  check_launch("lltm recurrent_product_kernel");
+  check_launch("lltm recurrent_product_kernel", error);
 }
 
 }  // namespace lltm::cuda
