@@ -1,8 +1,9 @@
 // How lltm's CUDA kernels are laid out on the GPU and launched.
 //
 // The pointwise kernels walk (row, column) of row-major (batch, state)
-// matrices: threadIdx.x runs along a row, so a warp reads consecutive
-// elements (coalesced), and each thread moves a Pack of up to 16 bytes per
+// matrices: threadIdx.x runs along a row, so the lanes of a warp in one row
+// read consecutive elements (coalesced; where rows are short a warp spans
+// several, see row_tiling), and each thread moves a Pack of up to 16 bytes per
 // load when alignment allows. Grids are capped at a few waves of the GPU and
 // the kernels loop (grid-stride) over whatever is left, so any batch and
 // state size works with 64-bit offsets.
@@ -139,8 +140,7 @@ constexpr int64_t kMaxGridY = 65535;
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The device's multiprocessor count, queried once per device
-// (lltm_cuda_device_cache.h): a driver call on every launch costs about as
-// much as a small kernel.
+// (lltm_cuda_device_cache.h): no runtime query on every launch.
 inline int64_t multiprocessor_count(int32_t device_index) {
   static PerDevice<int64_t> counts;
   return counts.get(device_index, [device_index] {
@@ -153,9 +153,11 @@ inline int64_t multiprocessor_count(int32_t device_index) {
 }
 
 // Block: x covers a row's packs (up to a whole block), y stacks as many rows
-// as fit, so short rows still fill the block. A warp may then span two rows:
-// in the (batch, state) matrices, which are contiguous, it still reads
-// consecutive addresses; in `gates`, whose rows are 3 * state apart, two runs.
+// as fit, so short rows still fill the block. Where a row has fewer than 32
+// packs a warp spans several rows (up to 32, one pack each): in the dense
+// (batch, state) matrices, whose rows follow one another, it still reads
+// consecutive addresses; in `gates`, whose rows are 3 * state apart, it reads
+// a separate run in each row (more memory transactions, the same results).
 inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_index) {
   // At least one multiprocessor, whatever the driver says: a grid of 0
   // blocks would divide by zero below.
