@@ -89,6 +89,58 @@ def test_launches_the_gpu_refuses_are_refused(emulation, grid, block, why):
     assert emulation.launches() == launches
 
 
+def test_a_refused_launch_is_lltms_error_and_cleared(emulation):
+    # The launch's own error is the one reported, whatever was pending before
+    # (another library's), and it is cleared from the thread's last error, as
+    # torch clears the errors it raises.
+    emulation.set_last_error(emulation.cudaErrorNoKernelImageForDevice)
+    with pytest.raises(RuntimeError, match="launching record_thread failed: invalid configuration"):
+        emulation.index_space((0, 1, 1), (1, 1, 1))
+    assert emulation.peek_last_error() == emulation.cudaSuccess
+
+
+def test_a_launch_failed_by_an_earlier_kernel_says_so(emulation):
+    # A kernel that faulted (asynchronously, before) leaves the context
+    # unusable: every launch after fails with its error, lltm's too. The
+    # error is lltm's call's, and cleared, but the message says whose it is.
+    cell = make_inputs(3, 5, 7, dtype=torch.float64)
+    with cuda_host.routed() as gpu:
+        gpu.set_last_error(gpu.cudaErrorInvalidConfiguration)  # another library's
+        gpu.inject("launch", gpu.cudaErrorIllegalAddress)
+        with pytest.raises(
+            RuntimeError,
+            match=r"launching lltm forward_kernel failed: an illegal memory access was "
+            r"encountered \(an earlier kernel's error, which left the CUDA context unusable\)",
+        ):
+            torch.ops.lltm.forward(*cell)
+        assert gpu.peek_last_error() == gpu.cudaSuccess
+
+
+@pytest.mark.parametrize("persistent", ["1", "0"], ids=["persistent", "per-step"])
+def test_another_librarys_pending_error_is_neither_lltms_nor_cleared(
+    emulation, monkeypatch, persistent
+):
+    # Another library's failed launch leaves its error in the thread's last
+    # error (cudaGetLastError) until its owner reads it. lltm's launches that
+    # succeed neither report it as theirs nor clear it: the cell's pointwise
+    # kernels, the sequence's (per-step: recurrent products, pointwise and
+    # previous-state kernels; else the persistent kernels, after their kernel
+    # attributes and the occupancy calculator).
+    monkeypatch.setenv("LLTM_CUDA_PERSISTENT", persistent)
+    foreign = emulation.cudaErrorInvalidConfiguration
+    cell = make_inputs(3, 5, 7, dtype=torch.float64)
+    sequence = _op_args("padded", torch.float64, state=16, features=5)
+    with cuda_host.routed() as gpu:
+        launches = gpu.launches()
+        gpu.set_last_error(foreign)
+        torch.ops.lltm.forward(*cell)
+        torch.ops.lltm.backward(*make_backward_args(cell))
+        outputs = torch.ops.lltm.sequence_forward(*sequence)
+        torch.ops.lltm.sequence_backward(*sequence_backward_args(sequence, outputs))
+        assert gpu.peek_last_error() == foreign
+        assert gpu.launches() - launches >= 4
+
+
 def test_launches_go_to_torchs_current_stream(emulation):
     emulation.launch_on_stream(False)
     with pytest.raises(RuntimeError, match="another stream than torch's current stream"):

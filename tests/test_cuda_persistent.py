@@ -456,8 +456,29 @@ def test_a_launch_the_gpu_refuses_falls_back_to_the_per_step_path(mode, free, ru
         gpu.set_free_multiprocessors(free)
         assert path(8, 7, 33).count(rule) == 2
         launches, results = _per_step_launches(args, gpu)
+        # The refusal, answered, is not left in the thread's last error.
+        assert gpu.peek_last_error() == gpu.cudaSuccess
     assert persistent == 3
     assert launches > 12
+    for got, want in zip(results, expected, strict=True):
+        torch.testing.assert_close(got, want, **F64)
+
+
+@pytest.mark.parametrize("mode", ["clusters", "cooperative"])
+def test_another_librarys_pending_error_stays_pending(mode):
+    # Another library's failed launch leaves its error in the thread's last
+    # error until its owner reads it: setting the kernels' attributes, the
+    # occupancy calculator and the persistent launches (all succeeding)
+    # neither report it as lltm's nor clear it.
+    args = forward_args(6, 7, 33, packed=False, reverse=True)
+    with emulated(mode) as gpu:
+        foreign = gpu.cudaErrorInvalidConfiguration
+        gpu.set_last_error(foreign)
+        launches, results = _per_step_launches(args, gpu)
+        assert gpu.peek_last_error() == foreign
+        gpu.set_last_error(gpu.cudaSuccess)
+        _, expected = _per_step_launches(args, gpu)
+    assert launches == 3
     for got, want in zip(results, expected, strict=True):
         torch.testing.assert_close(got, want, **F64)
 

@@ -1,8 +1,9 @@
 // What lltm asks a GPU once and remembers: its attributes, the occupancy
 // calculator's answers (through the plans they decide), the kernel
-// attributes set on it. A runtime query costs about as much host time as a
-// small kernel's launch, and a training step at small sizes is bound by its
-// host time: a second call with the same sizes asks the GPU nothing.
+// attributes set on it. A training step at small sizes is bound by its host
+// time, of which runtime queries would be a part at every call (the occupancy
+// calculator is asked a few dozen times for a plan): a second call with the
+// same sizes asks the GPU nothing.
 //
 // Remembered under the device's slot and epoch (lltm_cuda_runtime.h): on a
 // GPU, devices 0 to kDeviceSlots - 1, for the whole process; in the host

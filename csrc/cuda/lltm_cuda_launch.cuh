@@ -1,8 +1,9 @@
 // How lltm's CUDA kernels are laid out on the GPU and launched.
 //
 // The pointwise kernels walk (row, column) of row-major (batch, state)
-// matrices: threadIdx.x runs along a row, so a warp reads consecutive
-// elements (coalesced), and each thread moves a Pack of up to 16 bytes per
+// matrices: threadIdx.x runs along a row, so the lanes of a warp in one row
+// read consecutive elements (coalesced; where rows are short a warp spans
+// several, see row_tiling), and each thread moves a Pack of up to 16 bytes per
 // load when alignment allows. Grids are capped at a few waves of the GPU and
 // the kernels loop (grid-stride) over whatever is left, so any batch and
 // state size works with 64-bit offsets.
@@ -71,21 +72,47 @@ bool rows_fit_wide_packs(int64_t state, std::initializer_list<const void*> point
   });
 }
 
+// Clears `error`, a runtime call's of lltm's that lltm answers itself, from
+// the thread's last error (cudaGetLastError), where it still stands there: a
+// failing call makes its error the last one. Any other error is left alone:
+// it is another library's (or the program's), pending until its owner reads
+// it, and was there before lltm's calls, which all succeeded.
+inline void forget_error(cudaError_t error) {
+  if (error != cudaSuccess && cudaPeekAtLastError() == error) (void)cudaGetLastError();
+}
+
+// Errors no runtime call makes, only a kernel that ran: an earlier
+// kernel's (lltm's or another's, run asynchronously), which left the context
+// unusable and now fails every call.
+inline bool is_earlier_kernel_error(cudaError_t error) {
+  return error == cudaErrorIllegalAddress || error == cudaErrorLaunchFailure ||
+         error == cudaErrorMisalignedAddress || error == cudaErrorIllegalInstruction ||
+         error == cudaErrorAssert || error == cudaErrorHardwareStackError ||
+         error == cudaErrorLaunchTimeout;
+}
+
+// Raises lltm's error of `what`, cleared from the thread's last error, as
+// torch clears the errors it raises (C10_CUDA_CHECK).
 [[noreturn]] inline void fail_cuda(const std::string& what, cudaError_t error) {
+  forget_error(error);
   std::string message = "lltm: " + what + " failed: " + cudaGetErrorString(error);
   if (error == cudaErrorNoKernelImageForDevice) {
     message +=
         " (lltm's CUDA kernels were not compiled for this GPU; rebuild "
         "with its compute capability in TORCH_CUDA_ARCH_LIST)";
+  } else if (is_earlier_kernel_error(error)) {
+    message += " (an earlier kernel's error, which left the CUDA context unusable)";
   }
   throw std::runtime_error(message);
 }
 
-// A launch error (bad configuration, missing kernel image) is reported right
-// away; errors inside the kernel surface at the next synchronisation, as for
-// torch's own kernels.
-inline void check_launch(const char* kernel) {
-  const cudaError_t error = cudaGetLastError();
+// A launch's error (bad configuration, missing kernel image), the code its
+// LLTM_LAUNCH returned, is reported right away; errors inside the kernel
+// surface at the next synchronisation, as for torch's own kernels. The
+// launch's own code, not the thread's last error: that may hold another
+// library's launch error, pending since before lltm's launch, which would
+// be reported as lltm's (and cleared, so that its owner never sees it).
+inline void check_launch(const char* kernel, cudaError_t error) {
   if (error != cudaSuccess) fail_cuda(std::string("launching ") + kernel, error);
 }
 
@@ -113,8 +140,7 @@ constexpr int64_t kMaxGridY = 65535;
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The device's multiprocessor count, queried once per device
-// (lltm_cuda_device_cache.h): a driver call on every launch costs about as
-// much as a small kernel.
+// (lltm_cuda_device_cache.h): no runtime query on every launch.
 inline int64_t multiprocessor_count(int32_t device_index) {
   static PerDevice<int64_t> counts;
   return counts.get(device_index, [device_index] {
@@ -127,9 +153,11 @@ inline int64_t multiprocessor_count(int32_t device_index) {
 }
 
 // Block: x covers a row's packs (up to a whole block), y stacks as many rows
-// as fit, so short rows still fill the block. A warp may then span two rows:
-// in the (batch, state) matrices, which are contiguous, it still reads
-// consecutive addresses; in `gates`, whose rows are 3 * state apart, two runs.
+// as fit, so short rows still fill the block. Where a row has fewer than 32
+// packs a warp spans several rows (up to 32, one pack each): in the dense
+// (batch, state) matrices, whose rows follow one another, it still reads
+// consecutive addresses; in `gates`, whose rows are 3 * state apart, it reads
+// a separate run in each row (more memory transactions, the same results).
 inline RowTiling row_tiling(int64_t rows, int64_t packs_per_row, int32_t device_index) {
   // At least one multiprocessor, whatever the driver says: a grid of 0
   // blocks would divide by zero below.

@@ -131,12 +131,13 @@ void prepare(Kernel kernel, int device, SequencePath path, int64_t shared_limit)
     const std::lock_guard<std::mutex> lock(mutex);
     if (prepared.count(key) != 0) return;
   }
-  (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared_limit));
+  // A refusal's error is cleared from the thread's last error; another
+  // library's pending there stays (forget_error, lltm_cuda_launch.cuh).
+  forget_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(shared_limit)));
   if (path == SequencePath::kCluster) {
-    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    forget_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
-  (void)cudaGetLastError();
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
     prepared.insert(key);
@@ -164,7 +165,7 @@ class KernelOccupancy final : public Occupancy {
                                                             static_cast<size_t>(shared_bytes));
     }
     if (error != cudaSuccess) {
-      (void)cudaGetLastError();
+      forget_error(error);
       return 0;
     }
     return blocks;
@@ -195,7 +196,7 @@ class KernelOccupancy final : public Occupancy {
       error = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
     }
     if (error != cudaSuccess) {
-      (void)cudaGetLastError();
+      forget_error(error);
       return 0;
     }
     return clusters;
@@ -318,8 +319,10 @@ bool launch(Kernel kernel, const SequencePlan& plan, int groups, const Args& arg
   config.numAttrs = 1;
   const cudaError_t error = cudaLaunchKernelEx(&config, kernel, args);
   if (error == cudaSuccess) return true;
-  (void)cudaGetLastError();  // the launch's error is answered here
-  if (may_refuse && launch_unavailable(error)) return false;
+  if (may_refuse && launch_unavailable(error)) {
+    forget_error(error);  // answered here: the per-step path runs instead
+    return false;
+  }
   fail_cuda("launching " + name, error);
 }
 

@@ -106,15 +106,17 @@ void forward_pointwise(Tensor& gates, const Tensor& old_cell, Tensor& new_h, Ten
   const int32_t device = gates.get_device_index();
   const cudaStream_t stream = current_stream(device);
   constexpr int kVec = kWidePack<scalar_t>;
+  cudaError_t error;
   if (rows_fit_wide_packs<scalar_t>(state, {g, c0, h1, c1})) {
     const RowTiling t = row_tiling(batch, state / kVec, device);
-    LLTM_LAUNCH(t.grid, t.block, stream, forward_kernel<scalar_t, kVec>)(g, c0, h1, c1, batch,
-                                                                         state);
+    error = LLTM_LAUNCH(t.grid, t.block, stream, forward_kernel<scalar_t, kVec>)(g, c0, h1, c1,
+                                                                                 batch, state);
   } else {
     const RowTiling t = row_tiling(batch, state, device);
-    LLTM_LAUNCH(t.grid, t.block, stream, forward_kernel<scalar_t, 1>)(g, c0, h1, c1, batch, state);
+    error = LLTM_LAUNCH(t.grid, t.block, stream, forward_kernel<scalar_t, 1>)(g, c0, h1, c1, batch,
+                                                                              state);
   }
-  check_launch("lltm forward_kernel");
+  check_launch("lltm forward_kernel", error);
 }
 
 // d_gates_math: see store_d_gates (null: not wanted).
@@ -135,16 +137,17 @@ void backward_pointwise(const Tensor& grad_h, const Tensor& grad_cell, const Ten
   const cudaStream_t stream = current_stream(device);
   constexpr int kVec = kWidePack<scalar_t>;
   // d_gates_math is a new float32 tensor: aligned for any pack.
+  cudaError_t error;
   if (rows_fit_wide_packs<scalar_t>(state, {dh, dc, c1, g, dg, dc0})) {
     const RowTiling t = row_tiling(batch, state / kVec, device);
-    LLTM_LAUNCH(t.grid, t.block, stream, backward_kernel<scalar_t, kVec>)(dh, dc, c1, g, dg, dgm,
-                                                                          dc0, batch, state);
+    error = LLTM_LAUNCH(t.grid, t.block, stream, backward_kernel<scalar_t, kVec>)(
+        dh, dc, c1, g, dg, dgm, dc0, batch, state);
   } else {
     const RowTiling t = row_tiling(batch, state, device);
-    LLTM_LAUNCH(t.grid, t.block, stream, backward_kernel<scalar_t, 1>)(dh, dc, c1, g, dg, dgm, dc0,
-                                                                       batch, state);
+    error = LLTM_LAUNCH(t.grid, t.block, stream, backward_kernel<scalar_t, 1>)(
+        dh, dc, c1, g, dg, dgm, dc0, batch, state);
   }
-  check_launch("lltm backward_kernel");
+  check_launch("lltm backward_kernel", error);
 }
 
 }  // namespace lltm::cuda

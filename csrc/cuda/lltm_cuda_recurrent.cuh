@@ -3,20 +3,21 @@
 // to work with: a few rows (the batch) against the (3 state, state) recurrent
 // weights, once per step. For float32 there cuBLAS tiles the output 32 x 128:
 // the tutorial's (16, 128) x (128, 384) is 3 thread blocks on a GPU of 132
-// multiprocessors, 32 us a step on an H200 and 90 % of a sequence's GPU time
-// (benchmarks/RESULTS.md). Here one thread computes one output element: the
-// threads of a warp share a row of `a` (one broadcast load) and read
-// consecutive columns of `b` (one coalesced load), and every multiprocessor
-// has work from the first step.
+// multiprocessors, 32 us a step on an H200 and 4.1 of a sequence's 4.5 ms of
+// GPU time at T = 50 (benchmarks/RESULTS.md, the per-step path's profile).
+// Here one thread computes one output element: the threads of a warp share a
+// row of `a` (one broadcast load) and read consecutive columns of `b` (one
+// coalesced load), and every multiprocessor has work from the first step.
 //
 // Each thread sums its `inner` products in turn, so the kernel's time grows
-// with the inner dimension (about 80 ns per element on an H200, latency, not
-// arithmetic), where cuBLAS's hardly does. Measured there at T = 50
-// (benchmarks/RESULTS.md): the tutorial's products, inner 128 forward and 384
-// backward, take 16 us and 38 us a step with the pointwise kernels, against
-// 36 us and 57 us through cuBLAS; at (8, 32, 256) the forward (inner 256)
-// ties with cuBLAS, and the backward (inner 768) took 3.5 ms where torch's
-// matrix products alone take 0.9 ms.
+// with the inner dimension, where cuBLAS's hardly does. Measured on an H200
+// at T = 50 (benchmarks/RESULTS.md, the per-step path's sequence tables,
+// lltm 0.2.0, torch 2.11.0+cu130): at the tutorial's size, whose products
+// have an inner dimension of 128 forward and 384 backward, a step took
+// 16 us forward and 38 us backward with this kernel, against 36 us and
+// 57 us through cuBLAS; at (8, 32, 256) the forward (inner 256) tied with
+// cuBLAS, and the backward (inner 768) took 3.5 ms where torch's matrix
+// products alone took 0.9 ms.
 // Hence the limits below: inner at most 384, and at most 2**22 multiply-adds.
 //
 // float and double only. In 16 bits the products stay cuBLAS's: the forward
@@ -103,16 +104,17 @@ inline void recurrent_product(Tensor& out, const Tensor& a, const Tensor& b, boo
   const dim3 grid(
       static_cast<unsigned>(std::min(ceil_div(rows * cols, kRecurrentProductThreads), max_blocks)));
   const dim3 block(static_cast<unsigned>(kRecurrentProductThreads));
+  cudaError_t error;
   if (a.scalar_type() == torch::headeronly::ScalarType::Double) {
-    LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
+    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
         out.mutable_data_ptr<double>(), out.stride(0), a.const_data_ptr<double>(), a.stride(0),
         b.const_data_ptr<double>(), b.stride(0), rows, cols, inner, accumulate);
   } else {
-    LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
+    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
         out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),
         b.const_data_ptr<float>(), b.stride(0), rows, cols, inner, accumulate);
   }
-  check_launch("lltm recurrent_product_kernel");
+  check_launch("lltm recurrent_product_kernel", error);
 }
 
 }  // namespace lltm::cuda

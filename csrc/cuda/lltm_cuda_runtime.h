@@ -18,6 +18,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace lltm::cuda {
 // Devices whose answers are remembered (lltm_cuda_device_cache.h).
@@ -31,7 +32,8 @@ constexpr int kDeviceSlots = 64;
 #endif
 
 #define LLTM_CUDA_DISPATCH_KEY CPU
-// `kernel` (grid, block, stream)(args...): every thread of the grid, in turn.
+// `kernel` (grid, block, stream)(args...): every thread of the grid, in turn;
+// returns the launch's own error, as the nvcc build's does.
 #define LLTM_LAUNCH(grid, block, stream, ...) \
   ::lltm::cuda_host::launch(grid, block, stream, __VA_ARGS__)
 
@@ -74,9 +76,14 @@ inline void warp_mma_m16n8k16_pair(float (&d)[4], const uint32_t (&a)[4],
 #endif
 
 #define LLTM_CUDA_DISPATCH_KEY CUDA
-// `kernel` (grid, block, stream)(args...): a launch with no shared memory.
-// The kernel comes last, so that its template arguments may hold commas.
-#define LLTM_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<grid, block, 0, stream>>>
+// `kernel` (grid, block, stream)(args...): a launch with no shared memory,
+// returning the launch's own error (check_launch, lltm_cuda_launch.cuh).
+// Through cudaLaunchKernelEx rather than <<<>>>, which returns nothing: the
+// only way to learn a <<<>>> launch's error is the thread's last error,
+// which may as well hold another library's. The kernel comes last, so that
+// its template arguments may hold commas.
+#define LLTM_LAUNCH(grid, block, stream, ...) \
+  ::lltm::cuda::plain_launch(grid, block, stream, __VA_ARGS__)
 
 // A misaligned vector access faults on the GPU itself (the host build checks
 // each one).
@@ -95,6 +102,37 @@ inline uint64_t device_epoch() { return 0; }
 // that queries it must (the kernel attributes set there are the device's).
 inline cudaError_t select_device(int device) {
   return device >= 0 ? cudaSetDevice(device) : cudaSuccess;
+}
+
+// LLTM_LAUNCH's launch: the arguments converted to the kernel's parameter
+// types, as <<<>>> converts them (cudaLaunchKernelEx's C++ form).
+template <typename... Params>
+class PlainLaunch {
+ public:
+  PlainLaunch(dim3 grid, dim3 block, cudaStream_t stream, void (*kernel)(Params...))
+      : kernel_(kernel) {
+    config_.gridDim = grid;
+    config_.blockDim = block;
+    config_.dynamicSmemBytes = 0;
+    config_.stream = stream;
+    config_.attrs = nullptr;
+    config_.numAttrs = 0;
+  }
+
+  template <typename... Args>
+  cudaError_t operator()(Args&&... args) const {
+    return cudaLaunchKernelEx(&config_, kernel_, std::forward<Args>(args)...);
+  }
+
+ private:
+  cudaLaunchConfig_t config_ = {};
+  void (*kernel_)(Params...);
+};
+
+template <typename... Params>
+PlainLaunch<Params...> plain_launch(dim3 grid, dim3 block, cudaStream_t stream,
+                                    void (*kernel)(Params...)) {
+  return PlainLaunch<Params...>(grid, block, stream, kernel);
 }
 
 // Device code, for nvcc only: lltm_cuda_library_exports.cpp, host code compiled by the host

@@ -73,13 +73,14 @@ void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tenso
   if (rows == 0 || state == 0) return;
   const int32_t device = gates.get_device_index();
   const RowTiling t = row_tiling(rows, state, device);
-  LLTM_LAUNCH(t.grid, t.block, current_stream(device), sequence_backward_kernel<scalar_t>)(
-      grad_h.const_data_ptr<scalar_t>(),
-      grad_output ? grad_output->const_data_ptr<scalar_t>() : nullptr,
-      grad_cell.mutable_data_ptr<scalar_t>(), new_cell.const_data_ptr<scalar_t>(),
-      gates.const_data_ptr<scalar_t>(), d_gates.mutable_data_ptr<scalar_t>(),
-      d_gates_math ? d_gates_math->mutable_data_ptr<acc_t<scalar_t>>() : nullptr, rows, state);
-  check_launch("lltm sequence_backward_kernel");
+  const cudaError_t error =
+      LLTM_LAUNCH(t.grid, t.block, current_stream(device), sequence_backward_kernel<scalar_t>)(
+          grad_h.const_data_ptr<scalar_t>(),
+          grad_output ? grad_output->const_data_ptr<scalar_t>() : nullptr,
+          grad_cell.mutable_data_ptr<scalar_t>(), new_cell.const_data_ptr<scalar_t>(),
+          gates.const_data_ptr<scalar_t>(), d_gates.mutable_data_ptr<scalar_t>(),
+          d_gates_math ? d_gates_math->mutable_data_ptr<acc_t<scalar_t>>() : nullptr, rows, state);
+  check_launch("lltm sequence_backward_kernel", error);
 }
 
 // Backpropagation through time: every step's d_gates (in the layout of

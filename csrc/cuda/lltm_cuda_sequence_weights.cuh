@@ -146,16 +146,17 @@ void gather_previous_state(Tensor& h_prev, const Tensor& output_rows, const Tens
       launch.rows += launch.run[a].size * launch.run[a].steps;
     }
     if (launch.rows == 0) continue;
+    cudaError_t error;
     if (wide) {
       const RowTiling t = row_tiling(launch.rows, state / kVec, device);
-      LLTM_LAUNCH(t.grid, t.block, stream, previous_state_kernel<scalar_t, kVec>)(to, output, h0,
-                                                                                  launch, state);
+      error = LLTM_LAUNCH(t.grid, t.block, stream, previous_state_kernel<scalar_t, kVec>)(
+          to, output, h0, launch, state);
     } else {
       const RowTiling t = row_tiling(launch.rows, state, device);
-      LLTM_LAUNCH(t.grid, t.block, stream, previous_state_kernel<scalar_t, 1>)(to, output, h0,
-                                                                               launch, state);
+      error = LLTM_LAUNCH(t.grid, t.block, stream, previous_state_kernel<scalar_t, 1>)(
+          to, output, h0, launch, state);
     }
-    check_launch("lltm previous_state_kernel");
+    check_launch("lltm previous_state_kernel", error);
   }
 }
 

@@ -79,7 +79,10 @@ class Library:
         torch.ops.load_library(str(path))
         self.path = path
         self._prefix = prefix
-        self._handle = ctypes.CDLL(str(path))  # the same library, already loaded
+        # The same library, already loaded. CDLL, not PyDLL: ctypes releases
+        # the GIL around each call, which the CUDA plugin's device probe needs
+        # (it may create a context, which takes a while).
+        self._handle = ctypes.CDLL(str(path))
         self.lltm_version = self.text("lltm_version")
         self.torch_target_version = self.text("torch_target_version")
 

@@ -45,8 +45,9 @@ PyObject* index_space(PyObject*, PyObject* args) {
   std::vector<ThreadSeen> seen;
   const bool ok = python_errors([&] {
     const lltm::cuda::DeviceGuard guard(-1);
-    LLTM_LAUNCH(grid, block, lltm::cuda::current_stream(-1), record_thread)(&seen);
-    lltm::cuda::check_launch("record_thread");
+    lltm::cuda::check_launch(
+        "record_thread",
+        LLTM_LAUNCH(grid, block, lltm::cuda::current_stream(-1), record_thread)(&seen));
   });
   if (!ok) return nullptr;
   PyObject* list = PyList_New(0);
@@ -73,8 +74,7 @@ PyObject* launch_on_stream(PyObject*, PyObject* args) {
   const bool ok = python_errors([&] {
     const lltm::cuda::DeviceGuard guard(-1);
     const cudaStream_t stream = default_stream ? nullptr : lltm::cuda::current_stream(-1);
-    LLTM_LAUNCH(dim3(1), dim3(1), stream, do_nothing)();
-    lltm::cuda::check_launch("do_nothing");
+    lltm::cuda::check_launch("do_nothing", LLTM_LAUNCH(dim3(1), dim3(1), stream, do_nothing)());
   });
   if (!ok) return nullptr;
   Py_RETURN_NONE;
@@ -139,9 +139,9 @@ template <int kVec>
 lltm::cuda::RowTiling cover(Written& written, int64_t rows, int64_t cols) {
   // As the launchers tile and launch: packs per row, the current stream.
   const lltm::cuda::RowTiling t = lltm::cuda::row_tiling(rows, cols / kVec, -1);
-  LLTM_LAUNCH(t.grid, t.block, lltm::cuda::current_stream(-1), coverage_kernel<kVec>)(&written,
-                                                                                      rows, cols);
-  lltm::cuda::check_launch("coverage_kernel");
+  const cudaError_t error = LLTM_LAUNCH(t.grid, t.block, lltm::cuda::current_stream(-1),
+                                        coverage_kernel<kVec>)(&written, rows, cols);
+  lltm::cuda::check_launch("coverage_kernel", error);
   return t;
 }
 
@@ -274,7 +274,8 @@ PyObject* set_free_multiprocessors(PyObject*, PyObject* args) {
 }
 
 // inject(call, error): the error that every later `call` returns ("load":
-// loading the kernels' code, "set_device", "attribute"); 0 for none.
+// loading the kernels' code, "set_device", "attribute", "launch": a plain
+// launch, LLTM_LAUNCH); 0 for none.
 PyObject* inject(PyObject*, PyObject* args) {
   const char* call = nullptr;
   int error = 0;
@@ -287,8 +288,10 @@ PyObject* inject(PyObject*, PyObject* args) {
     gpu.set_device_error = error;
   } else if (name == "attribute") {
     gpu.attribute_error = error;
+  } else if (name == "launch") {
+    gpu.launch_error = error;
   } else {
-    PyErr_SetString(PyExc_ValueError, "call must be 'load', 'set_device' or 'attribute'");
+    PyErr_SetString(PyExc_ValueError, "call must be 'load', 'set_device', 'attribute' or 'launch'");
     return nullptr;
   }
   host::gpu_changed();
@@ -321,6 +324,19 @@ PyObject* load_state(PyObject*, PyObject*) {
   return Py_BuildValue("(OO)", host::gpu().held.load() ? Py_True : Py_False,
                        host::gpu().timed_out.load() ? Py_True : Py_False);
 }
+
+// set_last_error(error): the calling thread's last error, as another
+// library's failed call leaves it (pending until someone reads it).
+PyObject* set_last_error(PyObject*, PyObject* args) {
+  int error = 0;
+  if (!PyArg_ParseTuple(args, "i", &error)) return nullptr;
+  host::last_error = static_cast<cudaError_t>(error);
+  Py_RETURN_NONE;
+}
+
+// peek_last_error() -> the calling thread's last error, left as it is
+// (cudaPeekAtLastError).
+PyObject* peek_last_error(PyObject*, PyObject*) { return PyLong_FromLong(cudaPeekAtLastError()); }
 
 PyObject* launches(PyObject*, PyObject*) {
   return PyLong_FromLongLong(host::gpu().launches.load());
@@ -399,6 +415,8 @@ PyMethodDef methods[] = {
     {"current_device", current_device, METH_NOARGS, "The calling thread's current device."},
     {"hold_load", hold_load, METH_VARARGS, "Whether loading the kernels' code waits."},
     {"load_state", load_state, METH_NOARGS, "Whether a load waits, whether one timed out."},
+    {"set_last_error", set_last_error, METH_VARARGS, "The calling thread's last error."},
+    {"peek_last_error", peek_last_error, METH_NOARGS, "The calling thread's last error, kept."},
     {"launches", launches, METH_NOARGS, "Kernel launches run so far."},
     {"calls", calls, METH_NOARGS, "Launches and torch shim calls run so far, by name."},
     {nullptr, nullptr, 0, nullptr},
@@ -411,6 +429,7 @@ bool add_constants(PyObject* module) {
       {"cudaErrorDevicesUnavailable", cudaErrorDevicesUnavailable},
       {"cudaErrorInvalidValue", cudaErrorInvalidValue},
       {"cudaErrorInvalidConfiguration", cudaErrorInvalidConfiguration},
+      {"cudaErrorIllegalAddress", cudaErrorIllegalAddress},
       {"cudaErrorNoKernelImageForDevice", cudaErrorNoKernelImageForDevice},
       {"cudaErrorUnsupportedPtxVersion", cudaErrorUnsupportedPtxVersion},
       {"cudaErrorCooperativeLaunchTooLarge", cudaErrorCooperativeLaunchTooLarge},

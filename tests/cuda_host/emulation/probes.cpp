@@ -415,8 +415,8 @@ PyObject* misuse(PyObject*, PyObject* args) {
     const lltm::cuda::DeviceGuard guard(-1);
     const cudaStream_t stream = lltm::cuda::current_stream(-1);
     if (which <= probes::kPlainSharedMemory) {
-      LLTM_LAUNCH(dim3(2), dim3(4), stream, probes::misuse_kernel)(which, &sink);
-      lltm::cuda::check_launch("misuse_kernel");
+      lltm::cuda::check_launch("misuse_kernel", LLTM_LAUNCH(dim3(2), dim3(4), stream,
+                                                            probes::misuse_kernel)(which, &sink));
       return;
     }
     Shape shape;

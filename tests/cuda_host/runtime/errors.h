@@ -20,7 +20,12 @@ enum cudaError {
   cudaErrorNoKernelImageForDevice = 209,
   cudaErrorInvalidPtx = 218,
   cudaErrorUnsupportedPtxVersion = 222,
+  cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchTimeout = 702,
+  cudaErrorAssert = 710,
+  cudaErrorHardwareStackError = 714,
+  cudaErrorIllegalInstruction = 715,
   cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
   cudaErrorCooperativeLaunchTooLarge = 720,
@@ -56,8 +61,18 @@ inline const char* cudaGetErrorString(cudaError_t error) {
       return "a PTX JIT compilation failed";
     case cudaErrorUnsupportedPtxVersion:
       return "the provided PTX was compiled with an unsupported toolchain.";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources:
       return "too many resources requested for launch";
+    case cudaErrorLaunchTimeout:
+      return "the launch timed out and was terminated";
+    case cudaErrorAssert:
+      return "device-side assert triggered";
+    case cudaErrorHardwareStackError:
+      return "hardware stack error";
+    case cudaErrorIllegalInstruction:
+      return "an illegal instruction was encountered";
     case cudaErrorMisalignedAddress:
       return "misaligned address";
     case cudaErrorLaunchFailure:

@@ -59,8 +59,10 @@ struct Gpu {
   std::atomic<int> non_portable_cluster_size{H100::kNonPortableClusterSize};
   // Errors the next runtime calls return (cudaSuccess: none): loading the
   // kernels' code (cudaFuncGetAttributes), selecting a device
-  // (cudaSetDevice), and querying an attribute.
+  // (cudaSetDevice), querying an attribute, and plain launches (LLTM_LAUNCH;
+  // as a context an earlier kernel broke fails them).
   std::atomic<int> image_error{cudaSuccess};
+  std::atomic<int> launch_error{cudaSuccess};
   std::atomic<int> set_device_error{cudaSuccess};
   std::atomic<int> attribute_error{cudaSuccess};
   // Whether each device has its primary context (CUDA >= 12 creates it in

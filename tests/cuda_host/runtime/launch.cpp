@@ -232,6 +232,7 @@ void reset() {
   g.image_error = cudaSuccess;
   g.set_device_error = cudaSuccess;
   g.attribute_error = cudaSuccess;
+  g.launch_error = cudaSuccess;
   for (auto& created : g.contexts) created = false;
   g.hold_load = false;
   g.timed_out = false;

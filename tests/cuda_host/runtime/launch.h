@@ -151,13 +151,15 @@ class Launch {
 
   // Every thread of the grid in turn, block by block, as the GPU's index
   // space has them: x fastest, then y, then z. No fibers: a barrier or
-  // shared memory here is a fault (fibers.cpp).
+  // shared memory here is a fault (fibers.cpp). Returns the launch's error,
+  // which becomes the thread's last error too, as the runtime's
+  // cudaLaunchKernelEx does (LLTM_LAUNCH of the nvcc build).
   template <typename... Args>
-  void operator()(const Args&... args) const {
+  cudaError_t operator()(const Args&... args) const {
     if (configuration_problem(grid_, block_) != nullptr) {
-      last_error = cudaErrorInvalidConfiguration;  // as the GPU reports it
-      return;
+      return last_error = cudaErrorInvalidConfiguration;  // as the GPU reports it
     }
+    if (const cudaError_t error = injected(gpu().launch_error)) return last_error = error;
     check_stream(stream_);
     gpu().launches.fetch_add(1);
     count_call("LLTM_LAUNCH");
@@ -173,6 +175,7 @@ class Launch {
                 threadIdx = {tx, ty, tz};
                 kernel_(args...);
               }
+    return cudaSuccess;
   }
 
  private:
