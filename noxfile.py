@@ -48,6 +48,7 @@ from tools.nox_matrix import (  # noqa: E402
     CUDA_TORCH,
     DEPLOY_SESSION,
     DEPLOY_TESTS_ELSEWHERE,
+    LOG_ARGS,
     NEWEST_PYTHON,
     NEWEST_TORCH,
     OLDEST_PYTHON,
@@ -121,7 +122,7 @@ def tests(session: nox.Session, torch: str) -> None:
     session.run("python", "-m", "lltm", "info")
     if not deploy:
         session.log(DEPLOY_TESTS_ELSEWHERE)
-    session.run("pytest", *TEST_WORKERS, "-m", SUITE, *session.posargs)
+    session.run("pytest", *TEST_WORKERS, *LOG_ARGS, "-m", SUITE, *session.posargs)
 
 
 @nox.session(python=DEPLOY_SESSION[0])
@@ -135,7 +136,7 @@ def deploy(session: nox.Session) -> None:
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     install_torch(session, BUILD_TORCH, str(wheel), *group("test"), *group("deploy"))
     session.run("python", "-m", "lltm", "info")
-    session.run("pytest", *TEST_WORKERS, "-m", "deploy_full", *session.posargs)
+    session.run("pytest", *TEST_WORKERS, *LOG_ARGS, "-m", "deploy_full", *session.posargs)
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["tests"], requires=["pythons-compat"])
@@ -160,7 +161,7 @@ def compat(session: nox.Session) -> None:
     session.run(python, "-m", "lltm", "info", env=env, external=True)
     session.log(DEPLOY_TESTS_ELSEWHERE)
     session.run(
-        python, "-m", "pytest", *TEST_WORKERS, *(session.posargs or ["-m", SUITE]),
+        python, "-m", "pytest", *TEST_WORKERS, *LOG_ARGS, *(session.posargs or ["-m", SUITE]),
         env=env, external=True,
     )  # fmt: skip
 
@@ -177,8 +178,8 @@ def between(session: nox.Session, torch: str) -> None:
     install_torch(session, torch, str(wheel), *group("test"))
     session.run("python", "-m", "lltm", "info")
     session.run(
-        "pytest", *TEST_WORKERS, "-p", "no:cacheprovider", "-m", f"{SUITE} and not cuda_host",
-        "tests/test_errors.py", "tests/test_torch_errors.py", *core(platform.machine()),
+        "pytest", *TEST_WORKERS, *LOG_ARGS, "-p", "no:cacheprovider",
+        "-m", f"{SUITE} and not cuda_host", "tests/test_errors.py", "tests/test_torch_errors.py", *core(platform.machine()),
         *session.posargs,
     )  # fmt: skip
 
@@ -195,7 +196,7 @@ def fuzz(session: nox.Session) -> None:
     # Per-test timeout of this profile: its two tests take about 400 and 560 s
     # on two busy cores (the default, pyproject.toml's, is 900 s).
     session.run(
-        "pytest", "-p", "no:cacheprovider", "--timeout", "1500", "tests/test_fuzz.py",
+        "pytest", *LOG_ARGS, "-p", "no:cacheprovider", "--timeout", "1500", "tests/test_fuzz.py",
         *session.posargs,
         env={"LLTM_FUZZ_PROFILE": "ci", "LLTM_FUZZ_REPORT": str(report)},
     )  # fmt: skip
@@ -211,9 +212,16 @@ def cuda_host(session: nox.Session) -> None:
     The host build lives in build/cuda_host/ and is never packaged."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
     install_torch(session, BUILD_TORCH, str(wheel), *group("test"))
+    env = {"LLTM_CUDA_HOST": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+    # Built first, once (minutes, both cores), rather than by the first test
+    # of each worker.
     session.run(
-        "pytest", "-m", "cuda_host", "-p", "no:cacheprovider", *session.posargs,
-        env={"LLTM_CUDA_HOST": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
+        "python", "-c", "import sys; sys.path.insert(0, 'tests'); import cuda_host; "
+        "print(cuda_host.modules()[0].path)", env=env,
+    )  # fmt: skip
+    session.run(
+        "pytest", *TEST_WORKERS, *LOG_ARGS, "-m", "cuda_host", "-p", "no:cacheprovider",
+        *session.posargs, env=env,
     )  # fmt: skip
 
 
@@ -234,6 +242,11 @@ SANITIZED_CUDA_HOST_TESTS = [
 # and code paths as the odd sizes), whose emulated tensor cores take minutes
 # under the sanitizers; nox -s cuda_host runs them.
 SANITIZE_DESELECT = "not (no_less_accurate_than_nn_lstm and (s256 or s512))"
+# pytest as the sanitize session runs it: every report a sanitizer writes,
+# in any process of the run, printed whole into the log once pytest ends
+# (tools/sanitized_run.py), and the slowest tests and what a dying process
+# writes uncaptured (LOG_ARGS).
+SANITIZED_PYTEST = ("python", "-m", "tools.sanitized_run", "--", "pytest", *LOG_ARGS)
 
 
 @nox.session(python=PYTHONS[0])
@@ -262,8 +275,9 @@ def sanitize(session: nox.Session) -> None:
     session.log(f"LLTM_CPU_ISA: {', '.join(isas)}")
     for isa in isas:
         session.run(
-            "pytest", *TEST_WORKERS, "-p", "no:cacheprovider", "-m", f"{SUITE} and not cuda_host",
-            *core(platform.machine()), *session.posargs, env={**run_env, "LLTM_CPU_ISA": isa},
+            *SANITIZED_PYTEST, *TEST_WORKERS, "-p", "no:cacheprovider",
+            "-m", f"{SUITE} and not cuda_host", *core(platform.machine()), *session.posargs,
+            env={**run_env, "LLTM_CPU_ISA": isa},
         )  # fmt: skip
     host_env = {
         **run_env, "LLTM_CUDA_HOST": "1", "MAX_JOBS": jobs,
@@ -275,12 +289,14 @@ def sanitize(session: nox.Session) -> None:
         "print(cuda_host.modules()[0].path)", env=host_env,
     )  # fmt: skip
     session.run(
-        "pytest", *TEST_WORKERS, "-p", "no:cacheprovider", "-m", "cuda_host",
+        *SANITIZED_PYTEST, *TEST_WORKERS, "-p", "no:cacheprovider", "-m", "cuda_host",
         "-k", SANITIZE_DESELECT, *SANITIZED_CUDA_HOST_TESTS, *session.posargs, env=host_env,
     )  # fmt: skip
-    # Teeth: an overrun planted in a copy of each is reported by file and line.
+    # Teeth: an overrun planted in a copy of each is reported by file and
+    # line, and reaches the log through SANITIZED_PYTEST whatever the number
+    # of pytest's workers.
     session.run(
-        "pytest", "-p", "no:cacheprovider", "-m", "slow", "tests/test_sanitizers.py",
+        *SANITIZED_PYTEST, "-p", "no:cacheprovider", "-m", "slow", "tests/test_sanitizers.py",
         *session.posargs, env={**run_env, "MAX_JOBS": jobs},
     )  # fmt: skip
 
@@ -321,7 +337,9 @@ def docs(session: nox.Session) -> None:
         "sphinx-build", "-W", "--keep-going", "-n", "-b", "html",
         str(ROOT / "docs"), str(output / "html"),
     )  # fmt: skip
-    session.run("pytest", "-p", "no:cacheprovider", "tests/test_docs.py", *session.posargs)
+    session.run(
+        "pytest", *LOG_ARGS, "-p", "no:cacheprovider", "tests/test_docs.py", *session.posargs
+    )
 
 
 # The README's first command: it runs under the Python nox runs under, the
@@ -397,7 +415,8 @@ def slow(session: nox.Session) -> None:
     env["LLTM_TEST_VENV_CACHE"] = str(session_cache(session, "LLTM_TEST_VENV_CACHE", venvs))
     # tests/test_sanitizers.py's slow tests run in nox -s sanitize.
     session.run(
-        "pytest", "-m", "slow", "--ignore=tests/test_sanitizers.py", *session.posargs, env=env
+        "pytest", *LOG_ARGS, "-m", "slow", "--ignore=tests/test_sanitizers.py", *session.posargs,
+        env=env,
     )  # fmt: skip
 
 

@@ -12,6 +12,11 @@ persistent forward kernel writes its running h one element past the end of
 its block's dynamic shared memory (the emulation follows each block's shared
 memory with memory ASan knows as unusable).
 
+And the report reaches the log: a planted overrun in a test run by pytest,
+in its own process and in pytest-xdist's workers, as ``nox -s sanitize``
+runs its suites (tools/sanitized_run.py), is printed whole, with the planted
+file and line, where pytest alone would show "worker crashed" or nothing.
+
 Each builds only what it needs, at -O1: the CPU library's schemas and cell
 kernel (seconds), and the host build whole (a few minutes on two cores).
 """
@@ -62,13 +67,20 @@ def _plant(tree: Path, relative: str, old: str, new: str) -> int:
     return text[: text.index(old)].count("\n") + 1
 
 
-def _run_sanitized(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    helper = _sanitizers()
-    env = helper["environment"](_runtimes())
+def _sanitized_environment() -> dict[str, str]:
+    """This process's environment with the sanitizers' runtimes preloaded,
+    their reports on stderr (the last log_path wins over one a caller set)."""
+    env = _sanitizers()["environment"](_runtimes())
+    for variable in ("ASAN_OPTIONS", "UBSAN_OPTIONS"):
+        env[variable] = f"{env[variable]}:log_path=stderr"
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *sys.path])
     env.setdefault("MAX_JOBS", "2")
+    return env
+
+
+def _run_sanitized(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", script], cwd=cwd, env=env,
+        [sys.executable, "-c", script], cwd=cwd, env=_sanitized_environment(),
         capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
 
@@ -214,3 +226,101 @@ def test_a_shared_memory_overrun_of_the_host_built_cuda_kernels_is_reported(tmp_
     script = _CUDA_HOST_SCRIPT.format(tree=str(tree), flags=flags)
     result = _run_sanitized(script, tmp_path)
     _assert_reported(result, "use-after-poison", f"lltm_cuda_persistent_forward.cuh:{line}")
+
+
+# --- The report reaches the log ---------------------------------------------------------
+
+# Builds the planted tree's schemas and cell kernel with the sanitizers into
+# its build/ folder; the tests below load the library.
+_CPU_BUILD_SCRIPT = """
+import os
+from pathlib import Path
+from torch.utils import cpp_extension
+tree, flags = Path({tree!r}), {flags!r}
+os.environ.pop("LD_PRELOAD")
+(tree / "build").mkdir()
+cpp_extension.load(
+    name="lltm_cpu_planted",
+    sources=[str(tree / "csrc/lltm_ops.cpp"), str(tree / "csrc/cpu/cell_kernel.cpp")],
+    extra_cflags=["-std=c++17", "-DTORCH_TARGET_VERSION={target}", "-DLLTM_VERSION=planted", *flags, "-O1"],
+    extra_ldflags=[flags[0]],
+    build_directory=str(tree / "build"),
+    is_python_module=False,
+)
+"""
+
+# Two tests, so that each of two pytest-xdist workers runs one; the cell's
+# forward in bfloat16 converts its spans through load_span.
+_PLANTED_TESTS = """
+import torch
+
+torch.ops.load_library({library!r})
+
+
+def _forward():
+    batch, features, state = 3, 5, 37
+    x, h, c = torch.randn(batch, features), torch.randn(batch, state), torch.randn(batch, state)
+    w, b = torch.randn(3 * state, state + features), torch.randn(3 * state)
+    args = [t.to(torch.bfloat16) for t in (x, w, b, h, c)]
+    torch.ops.lltm.forward(*args)
+
+
+def test_first():
+    _forward()
+
+
+def test_second():
+    _forward()
+"""
+
+
+@pytest.fixture(scope="module")
+def planted_span_overrun(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """The planted library's tests, and the planted line: load_span reads
+    each element one further on, past the span, and at the last span of the
+    last row past the tensor's memory."""
+    _runtimes()
+    scratch = tmp_path_factory.mktemp("planted-span")
+    tree = scratch / "tree"
+    shutil.copytree(ROOT / "csrc", tree / "csrc")
+    line = _plant(
+        tree,
+        "csrc/cpu/pointwise/row_passes.h",
+        "buffer[k] = static_cast<T>(data[k * stride]);",
+        "buffer[k] = static_cast<T>(data[(k + 1) * stride]);",
+    )
+    flags = list(_sanitizers()["FLAGS"])
+    script = _CPU_BUILD_SCRIPT.format(tree=str(tree), flags=flags, target=_target_version())
+    built = _run_sanitized(script, scratch)
+    assert built.returncode == 0, f"{built.stdout[-3000:]}\n{built.stderr[-6000:]}"
+    (library,) = (tree / "build").glob("lltm_cpu_planted*.so")
+    tests = scratch / "test_planted.py"
+    tests.write_text(_PLANTED_TESTS.format(library=str(library)))
+    return tests, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_report_in_a_test_reaches_the_log_whatever_the_workers(planted_span_overrun, workers):
+    """As nox -s sanitize runs pytest (tools/sanitized_run.py, pytest's
+    default capture): the log holds the report with its stack down to the
+    planted line, and the run fails."""
+    tests, line = planted_span_overrun
+    env = _sanitized_environment()
+    # What the sanitize session's own runner set (log_path) is the runner's
+    # business here: the one under test sets its own.
+    xdist = ["-p", "no:xdist"] if workers == "0" else ["-n", workers]
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.sanitized_run", "--", sys.executable, "-m", "pytest",
+         "-p", "no:cacheprovider", "-q", *xdist, "--rootdir", str(tests.parent), str(tests)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, log[-6000:]
+    assert "===== sanitizer report: asan." in log, log[-6000:]
+    report = _sanitizers()["report"](log)
+    assert report is not None and "heap-buffer-overflow" in report, log[-6000:]
+    assert re.search(rf"row_passes\.h:{line}\b", report), f"row_passes.h:{line} not in:\n{report}"
+    # The stack goes on to the kernel that called load_span.
+    assert "forward_row" in report, report[:6000]
+    assert "sanitizer reports: " in log, log[-3000:]

@@ -73,6 +73,18 @@ TEST_WORKERS = ("-n", os.environ.get("LLTM_TEST_WORKERS", "auto"))
 # The suite of the test sessions: not the slow tests (nox -s slow) nor the
 # whole deployment product (nox -s deploy).
 SUITE = "not slow and not deploy_full"
+# What every session's pytest adds to its log: the slowest tests (where a
+# suite's minutes go) and, on CI (CI set, as .ci/run and GitHub set it),
+# what a test's process writes to its file descriptors uncaptured: pytest
+# captures only Python's sys.stdout and sys.stderr, so that the last words of
+# a process that dies (a C++ abort's message, a crashed xdist worker's
+# output, beside faulthandler's Python stack) reach the log rather than a
+# capture file that dies with it.
+LOG_ARGS = (
+    "--durations=25",
+    "--durations-min=1",
+    *(("--capture=sys",) if os.environ.get("CI") else ()),
+)
 
 # The ONNX and ExecuTorch tests (tests/test_onnx.py, tests/test_executorch.py,
 # tests/test_deployment.py) need the deploy group: about a GB and a minute to

@@ -119,6 +119,11 @@ COMPILERS = {
     "clang": ["clang++", "--target=aarch64-linux-gnu"],
 }
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
+# ccache before the compilers where the run has it (.ci/run: tools/compiler_cache.py;
+# its links cover the compilers installed before it, and these come later).
+# The cross build's compiles get it from torch, which puts ccache before the
+# compiler when it is on PATH.
+LAUNCHER = [found] if (found := shutil.which("ccache")) else []
 
 
 # sudo keeps QEMU_CPU: the emulated CPU of the programs run in the root.
@@ -279,7 +284,9 @@ def compile_check(root: Path) -> None:
             obj.parent.mkdir(exist_ok=True)
         with ThreadPoolExecutor(max_workers=int(os.environ.get("MAX_JOBS", "2"))) as pool:
             compiled = [
-                pool.submit(run, *COMPILERS[name], *flags, "-c", ROOT / source, "-o", obj)
+                pool.submit(
+                    run, *LAUNCHER, *COMPILERS[name], *flags, "-c", ROOT / source, "-o", obj
+                )
                 for (name, source), obj in jobs.items()
             ]
             for job in compiled:
@@ -318,7 +325,11 @@ def _function_body(disassembly: str, name: str) -> str:
 
 
 def cross_build(root: Path, outdir: Path) -> Path:
-    tree = Path(tempfile.mkdtemp(prefix="lltm-aarch64-src-"))
+    # Beside the wheels, in the checkout: the compiler cache's keys hold
+    # paths inside the checkout relative to the compile's folder, the same in
+    # every run and clone.
+    outdir.mkdir(parents=True, exist_ok=True)
+    tree = Path(tempfile.mkdtemp(prefix="lltm-aarch64-src-", dir=outdir.parent))
     for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy2(ROOT / name, tree / name)
     (tree / "tools").mkdir()

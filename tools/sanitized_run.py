@@ -1,0 +1,86 @@
+"""Runs a command under the sanitizers and puts every report they write into its log.
+
+A sanitizer writes its report to the stderr of the process it stops, and
+pytest captures that stream: a report of a test run in pytest's own process
+dies with the process (exit status 1, no word), and one in a pytest-xdist
+worker leaves only "worker 'gw0' crashed". A report in a subprocess whose
+exit status a test expects to be an error is not even a failure. So each
+process of the command writes its reports to files instead (``log_path`` of
+ASAN_OPTIONS and UBSAN_OPTIONS, a folder of this run: one file per process
+that reported), and once the command ends, whatever its outcome, every
+report is printed whole, with its stack, under a header naming its file;
+the run fails if the command failed or any process reported.
+
+    python -m tools.sanitized_run -- COMMAND [ARGS ...]
+
+The environment is the caller's (LD_PRELOAD with the sanitizers' runtimes,
+tools/nox_sanitize.py's); options after ``log_path`` in it are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+OPTIONS = ("ASAN_OPTIONS", "UBSAN_OPTIONS")
+
+
+def environment(folder: Path, environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with each sanitizer's ``log_path`` in ``folder``: ASan's
+    reports as asan.PID, UBSan's as ubsan.PID. Options are read left to
+    right, the last one winning: log_path goes last."""
+    env = dict(environ)
+    for variable in OPTIONS:
+        prefix = variable.split("_")[0].lower()
+        options = [part for part in env.get(variable, "").split(":") if part]
+        env[variable] = ":".join([*options, f"log_path={folder / prefix}"])
+    return env
+
+
+def reports(folder: Path) -> list[Path]:
+    """The report files in ``folder``, oldest first."""
+    return sorted(
+        (p for p in folder.iterdir() if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name)
+    )
+
+
+def show(found: list[Path]) -> str:
+    """Every report whole, each under a header naming its file."""
+    parts = []
+    for path in found:
+        text = path.read_text(errors="replace").rstrip()
+        parts.append(f"===== sanitizer report: {path.name} =====\n{text}")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command")
+    options = parser.parse_args()
+    command = options.command[1:] if options.command[:1] == ["--"] else options.command
+    if not command:
+        parser.error("no command given")
+    with tempfile.TemporaryDirectory(prefix="lltm-sanitizer-reports-") as scratch:
+        folder = Path(scratch)
+        status = subprocess.run(command, env=environment(folder, dict(os.environ))).returncode
+        found = reports(folder)
+        if found:
+            # The command's own output first, then the reports: stdout, as
+            # pytest writes its results there and a log reads in order.
+            sys.stdout.flush()
+            print(show(found), flush=True)
+            print(
+                f"sanitizer reports: {len(found)} (exit status {status}): "
+                + ", ".join(p.name for p in found),
+                flush=True,
+            )
+            return status or 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
