@@ -7,9 +7,11 @@ worker leaves only "worker 'gw0' crashed". A report in a subprocess whose
 exit status a test expects to be an error is not even a failure. So each
 process of the command writes its reports to files instead (``log_path`` of
 ASAN_OPTIONS and UBSAN_OPTIONS, a folder of this run: one file per process
-that reported), and once the command ends, whatever its outcome, every
-report is printed whole, with its stack, under a header naming its file;
-the run fails if the command failed or any process reported.
+that wrote anything), and once the command ends, whatever its outcome,
+every file is printed whole, with its stack, under a header naming it; the
+run fails if the command failed or any process reported an error. A file
+that holds warnings alone (ASan's about the fibers of the host-built CUDA
+kernels, makecontext and swapcontext) is printed and fails nothing.
 
     python -m tools.sanitized_run -- COMMAND [ARGS ...]
 
@@ -26,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.setup_helpers import sanitizers
+
 OPTIONS = ("ASAN_OPTIONS", "UBSAN_OPTIONS")
 
 
@@ -41,19 +45,25 @@ def environment(folder: Path, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def reports(folder: Path) -> list[Path]:
-    """The report files in ``folder``, oldest first."""
+def written(folder: Path) -> list[Path]:
+    """The files the sanitizers wrote in ``folder``, oldest first."""
     return sorted(
         (p for p in folder.iterdir() if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name)
     )
 
 
+def is_report(path: Path) -> bool:
+    """Whether the file holds an error report (sanitizers.REPORT), not warnings alone."""
+    return sanitizers.report(path.read_text(errors="replace")) is not None
+
+
 def show(found: list[Path]) -> str:
-    """Every report whole, each under a header naming its file."""
+    """Every file whole, each under a header naming it and what it holds."""
     parts = []
     for path in found:
         text = path.read_text(errors="replace").rstrip()
-        parts.append(f"===== sanitizer report: {path.name} =====\n{text}")
+        kind = "report" if is_report(path) else "warnings"
+        parts.append(f"===== sanitizer {kind}: {path.name} =====\n{text}")
     return "\n".join(parts)
 
 
@@ -67,15 +77,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lltm-sanitizer-reports-") as scratch:
         folder = Path(scratch)
         status = subprocess.run(command, env=environment(folder, dict(os.environ))).returncode
-        found = reports(folder)
+        found = written(folder)
         if found:
-            # The command's own output first, then the reports: stdout, as
+            # The command's own output first, then the files: stdout, as
             # pytest writes its results there and a log reads in order.
-            sys.stdout.flush()
             print(show(found), flush=True)
+        reported = [path for path in found if is_report(path)]
+        if reported:
             print(
-                f"sanitizer reports: {len(found)} (exit status {status}): "
-                + ", ".join(p.name for p in found),
+                f"sanitizer reports: {len(reported)} (exit status {status}): "
+                + ", ".join(p.name for p in reported),
                 flush=True,
             )
             return status or 1
