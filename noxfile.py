@@ -38,6 +38,7 @@ from tools.nox_envs import (  # noqa: E402
     group,
     install_torch,
     interpreter,
+    locked,
     missing_pythons,
     session_cache,
 )
@@ -63,6 +64,7 @@ from tools.nox_matrix import (  # noqa: E402
 from tools.nox_wheels import (  # noqa: E402
     BUILD_TOOLS,
     DIST,
+    REPAIRING_LOCK,
     VERSION,
     build_wheel,
     cpu_wheel_cache,
@@ -249,6 +251,14 @@ SANITIZE_DESELECT = "not (no_less_accurate_than_nn_lstm and (s256 or s512))"
 SANITIZED_PYTEST = ("python", "-m", "tools.sanitized_run", "--", "pytest", *LOG_ARGS)
 
 
+def build_basetemp(session: nox.Session) -> list[str]:
+    """pytest's --basetemp for tests that build lltm's sources in their
+    tmp_path: a folder of the session's in the checkout, the same in every
+    run (pytest's own is /tmp/pytest-of-USER/pytest-N, N counting runs), so
+    that the compiler cache (tools/compiler_cache.py) meets the same paths."""
+    return ["--basetemp", str(Path(session.create_tmp()).resolve() / "pytest")]
+
+
 @nox.session(python=PYTHONS[0])
 @disposable
 def sanitize(session: nox.Session) -> None:
@@ -296,8 +306,9 @@ def sanitize(session: nox.Session) -> None:
     # line, and reaches the log through SANITIZED_PYTEST whatever the number
     # of pytest's workers.
     session.run(
-        *SANITIZED_PYTEST, "-p", "no:cacheprovider", "-m", "slow", "tests/test_sanitizers.py",
-        *session.posargs, env={**run_env, "MAX_JOBS": jobs},
+        *SANITIZED_PYTEST, "-p", "no:cacheprovider", *build_basetemp(session),
+        "-m", "slow", "tests/test_sanitizers.py", *session.posargs,
+        env={**run_env, "MAX_JOBS": jobs},
     )  # fmt: skip
 
 
@@ -408,15 +419,19 @@ def slow(session: nox.Session) -> None:
     install_torch(session, BUILD_TORCH, str(wheel), *group("test"))
     env = {}
     repaired = repaired_wheels(session)
-    if "LLTM_TEST_WHEELS" not in os.environ and len(list(repaired.glob("*.whl"))) == 2:
+    # A cibuildwheel running beside this session (.ci/run) is let finish its
+    # wheels first.
+    with locked(REPAIRING_LOCK):
+        found = len(list(repaired.glob("*.whl")))
+    if "LLTM_TEST_WHEELS" not in os.environ and found == 2:
         session.log(f"installing the wheels nox -s cibuildwheel repaired, from {repaired}")
         env["LLTM_TEST_WHEELS"] = str(repaired)
     venvs = Path.home() / ".cache" / "lltm" / "test-venvs"
     env["LLTM_TEST_VENV_CACHE"] = str(session_cache(session, "LLTM_TEST_VENV_CACHE", venvs))
     # tests/test_sanitizers.py's slow tests run in nox -s sanitize.
     session.run(
-        "pytest", *LOG_ARGS, "-m", "slow", "--ignore=tests/test_sanitizers.py", *session.posargs,
-        env=env,
+        "pytest", *LOG_ARGS, *build_basetemp(session), "-m", "slow",
+        "--ignore=tests/test_sanitizers.py", *session.posargs, env=env,
     )  # fmt: skip
 
 
@@ -543,12 +558,18 @@ def sdist(session: nox.Session) -> None:
         tar.extractall(unpacked, filter="data")
     sources = unpacked / f"lltm-{VERSION}"
 
-    # A wheel built from the sdist (as pip does for users without a wheel) ...
+    # A wheel built from the sdist, unpacked (as pip does for users without a
+    # wheel; here in a copy in the session's folder, where the compiler cache
+    # finds the same paths in every run, rather than in a folder of pip's
+    # named anew; `sources` stays as the sdist has it) ...
     wheels = Path(session.create_tmp()) / "from-sdist"
     shutil.rmtree(wheels, ignore_errors=True)
+    build_tree = Path(session.create_tmp()) / "sdist-build"
+    shutil.rmtree(build_tree, ignore_errors=True)
+    shutil.copytree(sources, build_tree)
     session.run(
         "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-        "-w", str(wheels), str(archive),
+        "-w", str(wheels), str(build_tree),
         env={"LLTM_VARIANT": "cpu", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")},
     )  # fmt: skip
     (wheel,) = wheels.glob("lltm-*.whl")

@@ -146,9 +146,9 @@ def test_a_library_that_cannot_load_is_named_for_that_not_for_the_cxx_runtime(tm
 # --- Teeth: planted overruns are reported -----------------------------------------------
 
 # Builds the CPU library's schemas and cell kernel from the tree given, with
-# the sanitizers, then calls the cell's forward in float32 (compilers run
-# without the preload: this process has the runtimes already).
-_CPU_SCRIPT = """
+# the sanitizers (compilers run without the preload: this process has the
+# runtimes already); _CPU_SCRIPT then calls the cell's forward in float32.
+_CPU_BUILD_SCRIPT = """
 import os
 from pathlib import Path
 import torch
@@ -164,6 +164,10 @@ cpp_extension.load(
     build_directory=str(tree / "build"),
     is_python_module=False,
 )
+"""
+_CPU_SCRIPT = (
+    _CPU_BUILD_SCRIPT
+    + """
 os.environ["LD_PRELOAD"] = preload
 batch, features, state = 3, 5, 37
 x, h, c = torch.randn(batch, features), torch.randn(batch, state), torch.randn(batch, state)
@@ -171,6 +175,7 @@ w, b = torch.randn(3 * state, state + features), torch.randn(3 * state)
 torch.ops.lltm.forward(x, w, b, h, c)
 print("no report")
 """
+)
 
 
 def _target_version() -> str:
@@ -230,24 +235,6 @@ def test_a_shared_memory_overrun_of_the_host_built_cuda_kernels_is_reported(tmp_
 
 # --- The report reaches the log ---------------------------------------------------------
 
-# Builds the planted tree's schemas and cell kernel with the sanitizers into
-# its build/ folder; the tests below load the library.
-_CPU_BUILD_SCRIPT = """
-import os
-from pathlib import Path
-from torch.utils import cpp_extension
-tree, flags = Path({tree!r}), {flags!r}
-os.environ.pop("LD_PRELOAD")
-(tree / "build").mkdir()
-cpp_extension.load(
-    name="lltm_cpu_planted",
-    sources=[str(tree / "csrc/lltm_ops.cpp"), str(tree / "csrc/cpu/cell_kernel.cpp")],
-    extra_cflags=["-std=c++17", "-DTORCH_TARGET_VERSION={target}", "-DLLTM_VERSION=planted", *flags, "-O1"],
-    extra_ldflags=[flags[0]],
-    build_directory=str(tree / "build"),
-    is_python_module=False,
-)
-"""
 
 # Two tests, so that each of two pytest-xdist workers runs one; the cell's
 # forward in bfloat16 converts its spans through load_span.

@@ -78,6 +78,11 @@ def inputs_digest(tree: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+# Held by ``nox -s cibuildwheel`` while it builds and repairs the wheels
+# ``repaired_wheels`` names: ``nox -s slow`` takes it before it looks there.
+REPAIRING_LOCK = WHEEL_CACHE / ".repairing.lock"
+
+
 def repaired_wheels(session: nox.Session) -> Path:
     """Where ``nox -s cibuildwheel`` keeps the wheels it repaired from this
     checkout's sources: ``nox -s slow`` installs those rather than building
@@ -211,33 +216,38 @@ def replay_cibuildwheel(session: nox.Session) -> None:
     cuda_environment = cibw_options(CIBW_CUDA_CONFIG)["environment"]
     assert cuda_environment.get("PIP_NO_CACHE_DIR") == "1", cuda_environment
 
-    wheelhouse = Path(session.create_tmp()) / "wheelhouse"
-    shutil.rmtree(wheelhouse, ignore_errors=True)
-    repaired: dict[str, Path] = {}
-    for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
-        options = cibw_options(config_file)
-        built = built_or_reused(session, variant, Path(session.create_tmp()) / f"built-{variant}")
-        dest = wheelhouse / variant
-        dest.mkdir(parents=True)
-        # The configured repair command: auditwheel with the exclusions.
-        repair = command(options["repair-wheel-command"])
-        repair = repair.replace("{wheel}", str(built)).replace("{dest_dir}", str(dest))
-        session.run("bash", "-c", repair, external=True)
-        (wheel,) = dest.glob("*.whl")
-        check_wheel(session, wheel, variant)
-        # Who installs it: CPython 3.10 to 3.14 and 3.14t, by pip's own rules.
-        session.run("python", "-m", "tools.check_wheel_tags", str(wheel))
-        repaired[variant] = wheel
-    # Complete or absent for nox -s slow, which may be running beside this
-    # session: copied aside, then renamed into place.
-    kept = repaired_wheels(session)
-    partial = kept.with_name(kept.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for wheel in repaired.values():
-        shutil.copy2(wheel, partial)
-    shutil.rmtree(kept, ignore_errors=True)
-    partial.rename(kept)
+    # nox -s slow installs the repaired wheels: where it runs beside this
+    # session (.ci/run), it waits for this lock, held until they are in place.
+    with nox_envs.locked(REPAIRING_LOCK):
+        wheelhouse = Path(session.create_tmp()) / "wheelhouse"
+        shutil.rmtree(wheelhouse, ignore_errors=True)
+        repaired: dict[str, Path] = {}
+        for variant, config_file in (("cpu", ROOT / "pyproject.toml"), ("cuda", CIBW_CUDA_CONFIG)):
+            options = cibw_options(config_file)
+            built = built_or_reused(
+                session, variant, Path(session.create_tmp()) / f"built-{variant}"
+            )
+            dest = wheelhouse / variant
+            dest.mkdir(parents=True)
+            # The configured repair command: auditwheel with the exclusions.
+            repair = command(options["repair-wheel-command"])
+            repair = repair.replace("{wheel}", str(built)).replace("{dest_dir}", str(dest))
+            session.run("bash", "-c", repair, external=True)
+            (wheel,) = dest.glob("*.whl")
+            check_wheel(session, wheel, variant)
+            # Who installs it: CPython 3.10 to 3.14 and 3.14t, by pip's own rules.
+            session.run("python", "-m", "tools.check_wheel_tags", str(wheel))
+            repaired[variant] = wheel
+        # Complete or absent for nox -s slow, which may be running beside this
+        # session: copied aside, then renamed into place.
+        kept = repaired_wheels(session)
+        partial = kept.with_name(kept.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        for wheel in repaired.values():
+            shutil.copy2(wheel, partial)
+        shutil.rmtree(kept, ignore_errors=True)
+        partial.rename(kept)
 
     # The test step in a fresh environment: the CUDA build of torch the CUDA
     # wheel is built with (LLTM_CUDA_TORCH), lltm, the test group, then
