@@ -283,5 +283,6 @@ def replay_cibuildwheel(session: nox.Session) -> None:
                 )
                 session.log(f"{config_file.name}: the test-command of {identifier}")
                 run_test_command(session, options, env, ROOT)
-        # One CUDA build of torch at a time on the disk.
-        shutil.rmtree(Path(env["VIRTUAL_ENV"]), ignore_errors=True)
+        # One CUDA build of torch at a time on the disk (its deletion goes on
+        # beside the next steps).
+        nox_envs.delete_in_background(Path(env["VIRTUAL_ENV"]))
