@@ -70,22 +70,21 @@ def sessions(report: Path) -> list[tuple[str, float, str]]:
 def render(folder: Path, started: float, now: float) -> str:
     steps = read_steps(folder)
     rows = [("step / session", "wall", "result", "where")]
+
+    def wall(step: Step) -> float:  # a step still running: until now
+        return (step.ended if step.ended is not None else now) - step.started
+
     for step in steps:
-        ended = step.ended if step.ended is not None else now
         where = "background" if step.background else "foreground"
         result = {"-": "running", "0": "passed"}.get(step.status, f"failed ({step.status})")
-        rows.append((step.name, minutes(ended - step.started), result, where))
+        rows.append((step.name, minutes(wall(step)), result, where))
         prefix = "bg-" if step.background else ""
         for name, seconds, outcome in sessions(folder / f"{prefix}{step.name}.json"):
             if name.startswith("pythons-"):
                 continue  # the matrix's check for its Pythons: seconds
             rows.append((f"  {name}", minutes(seconds), outcome, ""))
-    foreground = sum(
-        (s.ended if s.ended is not None else now) - s.started for s in steps if not s.background
-    )
-    background = sum(
-        (s.ended if s.ended is not None else now) - s.started for s in steps if s.background
-    )
+    foreground = sum(wall(s) for s in steps if not s.background)
+    background = sum(wall(s) for s in steps if s.background)
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["Where the run's time went (m:ss of wall time)"]
     for index, row in enumerate(rows):
