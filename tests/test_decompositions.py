@@ -19,7 +19,11 @@ from lltm.ops.cell_ops import composite as cell_composite
 from lltm.ops.sequence_ops import lowering as sequence_lowering
 
 FLOAT32 = {"rtol": 1e-5, "atol": 1e-5}
-FORWARD_OPS = (torch.ops.lltm.forward.default, torch.ops.lltm.sequence_forward.default)
+FORWARD_OPS = (
+    torch.ops.lltm.forward.default,
+    torch.ops.lltm.sequence_forward.default,
+    torch.ops.lltm.sequence_inference.default,
+)
 
 
 def _dims() -> tuple[Dim, Dim]:
@@ -77,8 +81,9 @@ def _inference():
 
 
 def test_default_program_keeps_the_fused_operators():
+    # Exported under no_grad (_inference): the sequence's inference operator.
     _, program = _export("sequence_layers_bidirectional_state", True)
-    assert lltm_nodes(program.graph_module).count("lltm.sequence_forward.default") == 4
+    assert lltm_nodes(program.graph_module).count("lltm.sequence_inference.default") == 4
     _, cell = _export("cell", False)
     assert lltm_nodes(cell.graph_module) == ["lltm.forward.default"]
 
@@ -99,7 +104,7 @@ def test_torch_compile_calls_the_fused_operators():
     compiled = torch.compile(model, fullgraph=True)
     outputs, code = run_and_get_code(compiled, *inputs)
     _assert_outputs(outputs, model(*inputs), **FLOAT32)
-    assert any("torch.ops.lltm.sequence_forward.default" in source for source in code)
+    assert any("torch.ops.lltm.sequence_inference.default" in source for source in code)
 
 
 # --- run_decompositions(): core ATen, eager's results ---------------------------------
@@ -236,7 +241,7 @@ def test_a_table_without_lltm_keeps_the_fused_operators():
     kept = program.run_decompositions(table)
     assert sorted(lltm_nodes(kept.graph_module)) == [
         "lltm.forward.default",
-        "lltm.sequence_forward.default",
+        "lltm.sequence_inference.default",
     ]
     inputs = CASES["functional"].inputs(5, 3)
     _assert_outputs(kept.module()(*inputs), model(*inputs), **FLOAT32)

@@ -21,13 +21,14 @@ template <typename T>
 struct ForwardTile {
   const RowRef<const T>* previous_cells;  // c_prev of each real row
   int64_t first_row;                      // output row of the tile's first row
+  T* cells;                               // new cell of the tile's first row; rows S apart
   int64_t real_rows;
   int64_t first_column, columns;  // state columns [first_column, first_column + columns)
 };
 
 // After the product: acc holds the pre-activations of the tile's input
 // gates, output gates and candidates. Activates them and writes the tile's
-// gates, new h and new cell: first the three activations of every row, then
+// gates (unless args.gates is null: inference), new h and new cell: first the three activations of every row, then
 // the cells (a row at a time from start to end would chain ~150 cycles of
 // latency per row, more than the out-of-order window overlaps).
 template <typename T, typename Set, int kRows>
@@ -53,12 +54,16 @@ LLTM_ALWAYS_INLINE void forward_epilogue(
     c = c + g[r] * i[r];
     M::tanh(t, c);
     const V h = t * o[r];
-    T* gates = args.gates + row * 3 * S + j0;
-    store_cols(gates, i[r], columns);
-    store_cols(gates + S, o[r], columns);
-    store_cols(gates + 2 * S, acc[r][2], columns);
+    if (args.gates != nullptr) {
+      T* gates = args.gates + row * 3 * S + j0;
+      store_cols(gates, i[r], columns);
+      store_cols(gates + S, o[r], columns);
+      store_cols(gates + 2 * S, acc[r][2], columns);
+    }
     store_cols(args.output + row * S + j0, h, columns);
-    store_cols(args.cells + row * S + j0, c, columns);
+    // In place over c_prev when the cells are the running state: this
+    // tile alone reads or writes these columns of the row in this step.
+    store_cols(tile.cells + r * S + j0, c, columns);
   }
 }
 
@@ -135,6 +140,7 @@ LLTM_ALWAYS_INLINE void forward_rows(const ForwardSteps<T>& args, const T* const
     forward_tile<T, Set, kRows>(args, inputs, h_prev, panel, tile, pass);
     tile.previous_cells += kRows;
     tile.first_row += kRows;
+    tile.cells += kRows * args.state;
     if (pass.partial_sums != nullptr) pass.partial_sums += kRows * kRowValues;
   }
   if constexpr (kRows > 1) {
@@ -171,11 +177,15 @@ LLTM_ALWAYS_INLINE void forward_block(const ForwardSteps<T>& args, int64_t first
     const int64_t previous_start = k == 0 ? 0 : order.starts[k - 1];
     // Row r's state before this step: the step before's when it had the
     // row, else the initial one.
+    // With running cells (args.running_cells), row r's cell is at row r of
+    // args.cells in every step.
+    const int64_t cells_start = args.running_cells ? 0 : start;
+    const int64_t previous_cells_start = args.running_cells ? 0 : previous_start;
     for (int64_t r = first; r < end; ++r) {
       inputs[r - first] = args.input + (start + r) * args.input_row_stride;
       if (r < previous) {
         h_prev[r - first] = args.output + (previous_start + r) * S;
-        previous_cells[r - first] = {args.cells + (previous_start + r) * S, 1};
+        previous_cells[r - first] = {args.cells + (previous_cells_start + r) * S, 1};
       } else {
         h_prev[r - first] = args.old_h + r * args.old_h_row_stride;
         previous_cells[r - first] = {args.old_cell + r * args.old_cell_row_stride,
@@ -186,7 +196,8 @@ LLTM_ALWAYS_INLINE void forward_block(const ForwardSteps<T>& args, int64_t first
     // tile sweeps it.
     for (int64_t p = 0; p < w.panels; ++p) {
       const int64_t j0 = p * w.lanes;
-      const ForwardTile<T> tile{previous_cells.data(), start + first, 0, j0,
+      const ForwardTile<T> tile{previous_cells.data(), start + first,
+                                args.cells + (cells_start + first) * S, 0, j0,
                                 std::min(w.lanes, S - j0)};
       for (int64_t k0 = 0; k0 < args.features + S; k0 += pass_depth) {
         const ForwardPass<T> pass{k0, std::min(k0 + pass_depth, args.features + S),

@@ -49,9 +49,14 @@ struct ForwardSteps {
   int64_t old_h_row_stride;
   const T* old_cell;
   int64_t old_cell_row_stride, old_cell_column_stride;
-  T* gates;   // dense (rows, 3S): activated input and output gates, candidate pre-activation
+  // dense (rows, 3S): activated input and output gates, candidate
+  // pre-activation; null in inference, which keeps nothing for a backward.
+  T* gates;
   T* output;  // dense (rows, S)
-  T* cells;   // dense (rows, S)
+  // dense (rows, S): every step's cells; with running_cells, (batch, S):
+  // each row's latest cell, overwritten step by step (inference).
+  T* cells;
+  bool running_cells;
   const ForwardPanels<T>* weights;
 };
 

@@ -100,6 +100,12 @@ void forward_row(ForwardBuffers<T>& buf, scalar_t* gates, RowRef<const scalar_t>
     span.old_cell = load_span(old_cell.at(j), old_cell.stride, len, buf.old_cell);
     span.new_h = output_span(new_h + j, buf.new_h);
     span.new_cell = output_span(new_cell + j, buf.new_cell);
+    if (span.old_cell == span.new_cell) {
+      // The running cell updated in place (lltm::sequence_inference): the
+      // kernel's spans are restrict, so it reads a copy.
+      std::copy(span.old_cell, span.old_cell + len, buf.old_cell);
+      span.old_cell = buf.old_cell;
+    }
     kernel(span, len);
     store_span(gate_i, span.gate_i, len);
     store_span(gate_o, span.gate_o, len);

@@ -209,6 +209,11 @@ def autograd_step(operator: Operator, args: tuple[Any, ...], keyset: Any = None)
         or (torch.is_grad_enabled() and _any_requires_grad(*args))
         or (_forward_ad_active() and _carries_tangent(args))
     ):
+        if operator.differentiated_as is not None:
+            # An operator that keeps nothing for a backward, differentiated
+            # after all: the forward operator that keeps it, whose outputs
+            # but the last two (gates, cells) are the twin's.
+            return autograd_step(operator.differentiated_as, args)[:-2]
         function = operator.function
         if function is None:
             if not getattr(_within_backward, "active", False):
@@ -224,6 +229,32 @@ def autograd_step(operator: Operator, args: tuple[Any, ...], keyset: Any = None)
         return _probes.redispatch_below_autograd(operator.handle, keyset, *args)
     with _below_autograd():
         return operator.kernels(*args)
+
+
+def may_differentiate(args: tuple[Any, ...]) -> bool:
+    """Whether autograd may ask a call with ``args`` for derivatives.
+
+    An entry point asks this to choose between a forward operator and its
+    twin that keeps nothing for a backward (``sequence_inference``). The
+    test is :func:`autograd_step`'s; under torch.compile (whose tracing
+    would stop at torch's private probes) grad mode and ``requires_grad``
+    alone, which is what a compiled graph specialises on. A wrong "no" costs
+    nothing but memory: the twin, differentiated, runs the forward operator
+    (:func:`autograd_step`).
+    """
+    if torch.compiler.is_compiling():
+        return torch.is_grad_enabled() and any(
+            isinstance(a, Tensor) and a.requires_grad for a in args
+        )
+    if _probes.jit_tracing():
+        # A trace records one graph for every later call, whatever its grad
+        # mode (and checks that tracing again records the same).
+        return True
+    return (
+        _transforms_active()
+        or (torch.is_grad_enabled() and _any_requires_grad(*args))
+        or (_forward_ad_active() and _carries_tangent(args))
+    )
 
 
 def _autograd_step_of(operator: Operator, *args: Any) -> Any:

@@ -47,6 +47,10 @@ class Operator:
     """The autograd Function a forward operator applies (the family's autograd.py);
     None where autograd differentiates the operator through its composite
     (the backward operators)."""
+    differentiated_as: Operator | None = None
+    """For an operator that keeps nothing for a backward (``sequence_inference``):
+    the forward operator whose Function serves a call of it that autograd
+    must differentiate; its first outputs are this one's."""
     autocast: bool = False
     """Whether autocast casts its floating arguments, as for torch's recurrent ops."""
     decomposition: Callable[..., Any] | None = None
@@ -57,6 +61,11 @@ class Operator:
     kernels: Callable[..., Any] = field(init=False, repr=False, compare=False)
     """What calling the handle calls, without the Python frame of ``OpOverload.__call__``:
     below the autograd key, the kernels."""
+
+    @property
+    def is_forward(self) -> bool:
+        """Whether it is a forward operator (a backward operator has neither entry)."""
+        return self.function is not None or self.differentiated_as is not None
 
     def __post_init__(self) -> None:
         handle = getattr(torch.ops.lltm, self.name).default
@@ -75,7 +84,9 @@ def register(operator: Operator) -> None:
     # No device: the CompositeExplicitAutograd entry, every device's default.
     composite = operator.composite
     torch.library.register_kernel(
-        qualified, None, _backends.warning_first(composite) if operator.function else composite
+        qualified,
+        None,
+        _backends.warning_first(composite) if operator.is_forward else composite,
     )
     _library.impl(name, dispatch.autograd_kernel(operator), "Autograd", with_keyset=True)
     if operator.autocast:

@@ -1,6 +1,7 @@
 """The sequence: the cell over whole sequences, ``lltm::sequence_forward`` and its backward.
 
-Everything Python says about the three operators (``sequence_forward``;
+Everything Python says about the four operators (``sequence_forward``;
+``sequence_inference``, the same without what only a backward reads;
 ``sequence_backward``, backpropagation through time; ``sequence_gate_grads``,
 that backpropagation alone), a file a concern, as for the cell (cell_ops/,
 whose pieces these build on; their native kernels are in csrc/cpu/ and
@@ -28,7 +29,12 @@ from .. import dispatch
 from ..registration import Operator
 from . import composite, fake, lowering, vmap
 from .autograd import SequenceFunction
-from .contract import sequence_backward, sequence_forward, sequence_gate_grads
+from .contract import (
+    sequence_backward,
+    sequence_forward,
+    sequence_gate_grads,
+    sequence_inference,
+)
 
 SEQUENCE_FORWARD = Operator(
     "sequence_forward",
@@ -39,6 +45,16 @@ SEQUENCE_FORWARD = Operator(
     function=SequenceFunction,
     autocast=True,
     decomposition=lowering.sequence_forward,
+)
+SEQUENCE_INFERENCE = Operator(
+    "sequence_inference",
+    fake=fake.sequence_inference,
+    composite=composite.sequence_inference,
+    flops=fake.sequence_inference_flops,
+    vmap=vmap.sequence_inference,
+    differentiated_as=SEQUENCE_FORWARD,
+    autocast=True,
+    decomposition=lowering.sequence_inference,
 )
 SEQUENCE_BACKWARD = Operator(
     "sequence_backward",
@@ -54,7 +70,7 @@ SEQUENCE_GATE_GRADS = Operator(
     flops=fake.sequence_gate_grads_flops,
     vmap=vmap.sequence_gate_grads,
 )
-OPERATORS = (SEQUENCE_FORWARD, SEQUENCE_BACKWARD, SEQUENCE_GATE_GRADS)
+OPERATORS = (SEQUENCE_FORWARD, SEQUENCE_INFERENCE, SEQUENCE_BACKWARD, SEQUENCE_GATE_GRADS)
 
 
 def sequence(
@@ -69,11 +85,15 @@ def sequence(
     """The cell over a whole sequence, differentiable: ``(output, h_n, c_n)``.
 
     What ``lltm::sequence_forward`` computes, through the one decision of
-    ops/dispatch.py, as :func:`lltm.ops.cell`.
+    ops/dispatch.py, as :func:`lltm.ops.cell`; where no gradient can be
+    asked of the call, ``lltm::sequence_inference``, the same values without
+    the activations only a backward reads.
     """
-    output, h_n, c_n, _gates, _cells = dispatch.call(
-        SEQUENCE_FORWARD, (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
-    )
+    args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+    if not dispatch.may_differentiate(args):
+        output, h_n, c_n = dispatch.call(SEQUENCE_INFERENCE, args)
+        return output, h_n, c_n
+    output, h_n, c_n, _gates, _cells = dispatch.call(SEQUENCE_FORWARD, args)
     return output, h_n, c_n
 
 
@@ -82,9 +102,11 @@ __all__ = [
     "SEQUENCE_BACKWARD",
     "SEQUENCE_FORWARD",
     "SEQUENCE_GATE_GRADS",
+    "SEQUENCE_INFERENCE",
     "SequenceFunction",
     "sequence",
     "sequence_backward",
     "sequence_forward",
     "sequence_gate_grads",
+    "sequence_inference",
 ]

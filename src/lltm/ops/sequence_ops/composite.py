@@ -128,6 +128,16 @@ def sequence_forward(
     )
 
 
+def sequence_inference(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """lltm::sequence_inference: sequence_forward's (output, h_n, c_n).
+
+    Plain torch that autograd differentiates: it keeps what autograd needs,
+    which is what it is for only where there is no native kernel.
+    """
+    output, h_n, c_n, _gates, _cells = sequence_forward(*args)
+    return output, h_n, c_n
+
+
 def _through_time(
     grad_output: Tensor | None,
     grad_h_n: Tensor | None,

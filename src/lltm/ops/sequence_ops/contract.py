@@ -1,7 +1,8 @@
 """The sequence's operators: handles, contracts, checks.
 
 ``lltm::sequence_forward`` runs the cell over a whole sequence,
-``lltm::sequence_backward`` is its backpropagation through time, and
+``lltm::sequence_inference`` does so keeping nothing for a backward,
+``lltm::sequence_backward`` is backpropagation through time, and
 ``lltm::sequence_gate_grads`` that backpropagation alone (the gate
 gradients, for per-sample weight gradients under ``torch.vmap``). Each
 handle is ``torch.ops.lltm.<name>.default``; its docstring below is the
@@ -71,6 +72,36 @@ Returns:
     after its last step. ``gates`` and ``cells`` (every step's activated
     gates, as :obj:`forward` lays them out, and ``new_cell``) are what
     :obj:`sequence_backward` needs; they are not differentiable.
+"""
+
+sequence_inference: OpOverload[
+    [Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, bool],
+    tuple[Tensor, Tensor, Tensor],
+] = torch.ops.lltm.sequence_inference.default
+"""The cell over a whole sequence when nothing will differentiate the call.
+
+``output, h_n, c_n = sequence_inference(input, weights, bias, old_h,
+old_cell, batch_sizes, reverse)``: :obj:`sequence_forward`'s arguments and
+first three outputs, the same values bit for bit, computed without keeping
+what only :obj:`sequence_backward` reads (``gates`` and ``cells``: together
+four times the output's size). :func:`lltm.lltm_sequence` and
+:class:`lltm.LLTMSequence` call it when no gradient can be asked of the call
+(``torch.no_grad``, ``torch.inference_mode``, or no argument that requires
+grad, and no forward-mode tangent or ``torch.func`` transform). Called where
+autograd must differentiate it, it runs :obj:`sequence_forward` and its
+derivatives instead: the gradients are right either way.
+
+Args:
+    input: as for :obj:`sequence_forward`.
+    weights: as for :obj:`sequence_forward`.
+    bias: as for :obj:`sequence_forward`.
+    old_h: as for :obj:`sequence_forward`.
+    old_cell: as for :obj:`sequence_forward`.
+    batch_sizes: as for :obj:`sequence_forward`.
+    reverse: as for :obj:`sequence_forward`.
+
+Returns:
+    ``(output, h_n, c_n)``, as :obj:`sequence_forward` returns them.
 """
 
 sequence_backward: OpOverload[

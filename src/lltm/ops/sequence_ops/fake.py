@@ -56,6 +56,12 @@ def sequence_forward(
     )
 
 
+def sequence_inference(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """lltm::sequence_inference's outputs: output, h_n and c_n."""
+    output, h_n, c_n, _gates, _cells = sequence_forward(*args)
+    return output, h_n, c_n
+
+
 def sequence_backward(*args: Any) -> tuple[Tensor | None, ...]:
     """lltm::sequence_backward's outputs: the gradients ``output_mask`` asks for."""
     named = SequenceBackwardArgs(*args[:11])
@@ -111,6 +117,10 @@ def sequence_forward_flops(
     """lltm::sequence_forward's FLOPs."""
     rows, f, s = sizes(input, old_h)
     return product_flops(rows, s + f, 3 * s)
+
+
+# The same products, whatever is kept of them.
+sequence_inference_flops = sequence_forward_flops
 
 
 def sequence_backward_flops(*args: Any, **_: Any) -> int:

@@ -34,6 +34,7 @@ static graph cannot follow): that is an error naming what to do.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +92,15 @@ def sequence_forward(
                 "torch.export.Dim('batch', max=...) (torch.onnx.export needs no bound)"
             )
     return _scanned(input, weights, bias, old_h, old_cell, reverse, bound)
+
+
+def sequence_inference(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """``lltm::sequence_inference`` in core ATen: sequence_forward's (output, h_n, c_n).
+
+    A consumer that does not use the gates and cells drops their graph.
+    """
+    output, h_n, c_n, _gates, _cells = sequence_forward(*args)
+    return output, h_n, c_n
 
 
 def _exporting_to_onnx() -> bool:

@@ -23,10 +23,21 @@ from .contract import SequenceBackwardArgs, check_sequence_backward_args
 from .contract import sequence_backward as sequence_backward_op
 from .contract import sequence_forward as sequence_forward_op
 from .contract import sequence_gate_grads as sequence_gate_grads_op
+from .contract import sequence_inference as sequence_inference_op
 
 
 def sequence_forward(info: Any, in_dims: InDims, *args: Any) -> Batched:
     """lltm::sequence_forward under vmap: one call, the vmapped dimension in the batch."""
+    return _forward_rule(sequence_forward_op, info, in_dims, args)
+
+
+def sequence_inference(info: Any, in_dims: InDims, *args: Any) -> Batched:
+    """lltm::sequence_inference under vmap: as lltm::sequence_forward."""
+    return _forward_rule(sequence_inference_op, info, in_dims, args)
+
+
+def _forward_rule(op: Any, info: Any, in_dims: InDims, args: tuple[Any, ...]) -> Batched:
+    """The forward operators' rule: one call of ``op``, the vmapped dimension in the batch."""
     input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim, sizes_dim, _ = in_dims
     if (
         weights_dim is not None
@@ -34,10 +45,10 @@ def sequence_forward(info: Any, in_dims: InDims, *args: Any) -> Batched:
         or sizes_dim is not None
         or not samples_are_matrices(args, in_dims)
     ):
-        return per_index(sequence_forward_op, info.batch_size, in_dims, args)
+        return per_index(op, info.batch_size, in_dims, args)
     input, weights, bias, old_h, old_cell, batch_sizes, reverse = args
     size = info.batch_size
-    outputs = sequence_forward_op(
+    outputs = op(
         fold(input, input_dim, size),
         weights,
         bias,
