@@ -1354,3 +1354,37 @@ def test_host_seconds_times_the_calls_on_the_threads_asked_for():
     before = torch.get_num_threads()
     assert timing.host_seconds(call, 3, 1) >= 0
     assert seen == [1, 1, 1] and torch.get_num_threads() == before
+
+
+# --- --memory: peak memory of one call, inference and a step ------------------------------
+
+
+def test_memory_adds_a_column_and_the_peaks_to_the_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = ["--seq-len", "2", "--impl", "lltm-sequence", "--memory", "--json", str(out)]
+    assert bench.main([*FAST, *args]) == 0
+    assert "peak MiB inference / step" in capsys.readouterr().out
+    for row in json.loads(out.read_text())["results"]:
+        peaks = row["peak_bytes"]
+        assert set(peaks) == {kinds.NO_GRAD, "step"}, row["impl"]
+        assert all(isinstance(v, int) and v >= 0 for v in peaks.values())
+
+
+def test_memory_is_measured_for_cells_and_sequences_only():
+    with pytest.raises(SystemExit):
+        cli.parse(["--per-sample", "--memory"])
+
+
+def test_an_inference_peaks_below_a_training_step():
+    # Big enough for the allocator to take fresh pages from the system (the
+    # output alone is 4 MiB): the training step keeps every step's gates and
+    # cells, four times the output, which inference never makes.
+    from lltm.bench import memory
+
+    size = kinds.Size(16, 32, 128, seq_len=512)
+    cpu = torch.device("cpu")
+    output = size.seq_len * size.batch * size.state * 4
+    served = memory.peak_bytes("lltm-sequence", size, cpu, torch.float32, phase=kinds.NO_GRAD)
+    trained = memory.peak_bytes("lltm-sequence", size, cpu, torch.float32, phase="step")
+    assert output <= served < 2 * output
+    assert trained > served + 3 * output

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from . import cases, flops, kinds, report, timing
+from . import cases, flops, kinds, memory, report, timing
 from .kinds import CELL, OVERHEAD, PER_SAMPLE, SEQUENCE, Kind, Size
 
 # The name under which the large GEMM is timed (never an implementation's).
@@ -153,6 +153,8 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
                     flops=flops.flops_of(kind, case.impl, size, args.inputs_grad),
                     path=sequence_path(case.impl, size, device, compute),
                 )
+                if args.memory:
+                    result.peak_bytes = peak_memory(case.impl, size, device, dtype, kind, args)
                 with contextlib.suppress(Exception):
                     saved = case.saved_for_backward() if kind.saved_memory else None
                     if saved is not None:
@@ -176,6 +178,35 @@ def run(args: argparse.Namespace) -> tuple[list[timing.Result], dict[str, Any]]:
             "blocks": len(gemm_times),
         }
     return results, env
+
+
+def peak_memory(
+    impl: str,
+    size: Size,
+    device: torch.device,
+    dtype: torch.dtype,
+    kind: Kind,
+    args: argparse.Namespace,
+) -> dict[str, int]:
+    """--memory: one call's peak of each memory phase (bench/memory.py), each in a new process.
+
+    A phase the implementation does not run (the GEMM floor's inference) is left out.
+    """
+    peaks: dict[str, int] = {}
+    for phase in memory.PHASES:
+        if impl == LARGE_GEMM or (impl == "gemm" and phase == kinds.NO_GRAD):
+            continue
+        peaks[phase] = memory.peak_bytes(
+            impl,
+            size,
+            device,
+            dtype,
+            inputs_grad=args.inputs_grad,
+            kind=kind,
+            autocast=AUTOCAST[args.autocast] if args.autocast else None,
+            phase=phase,
+        )
+    return peaks
 
 
 def sequence_path(
@@ -377,6 +408,14 @@ def parser() -> argparse.ArgumentParser:
         "after each timed block (on a GPU, the Python layer, dispatch and launches: a step "
         "whose host time is near its time waits on the host)",
     )
+    how.add_argument(
+        "--memory",
+        action="store_true",
+        help="also measure each implementation's peak memory of one call, inference (the "
+        "forward under torch.no_grad()) and a training step, each in a process of its own: "
+        "on a CPU the growth of the peak resident set, on a GPU the allocator's peak "
+        "(cells and sequences)",
+    )
     how.add_argument("--seed", type=int, default=0)
     how.add_argument(
         "--scale",
@@ -407,6 +446,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         p.error(f"--autocast: only cells and sequences run under autocast, not {kind.name}")
     if args.autocast and (args.double or args.dtype != "float32"):
         p.error("--autocast runs a float32 model in 16 bits: --dtype float32 only")
+    if args.memory and kind.name not in kinds.AUTOCAST_KINDS:
+        p.error(f"--memory: measured for cells and sequences, not {kind.name}")
     if kind is PER_SAMPLE:
         if args.inputs_grad:
             p.error("--inputs-grad: per-sample gradients are those of the parameters only")

@@ -100,6 +100,8 @@ def to_json(results: Sequence[Result], env: dict[str, Any]) -> dict[str, Any]:
             row["flops"] = r.flops
         if r.path is not None:
             row["path"] = r.path
+        if r.peak_bytes is not None:
+            row["peak_bytes"] = r.peak_bytes
         row["saved_for_backward_bytes"] = r.saved_bytes
         row["saved_beyond_inputs_bytes"] = r.saved_beyond_inputs_bytes
         rows.append(row)
@@ -208,6 +210,8 @@ def table_rows(
 
     # Runs that chose the loss (files written before differentiated dense ones).
     losses = "losses" in env
+    # Runs that measured peak memory (--memory).
+    peaks = any(r.peak_bytes is not None for r in results)
     header = [
         "size",
         *(["T"] if kind.sequences else []),
@@ -219,6 +223,7 @@ def table_rows(
         *([f"vs {NAMES[rival]} {phases}"] if rival else []),
         *(["step GFLOP/s (of the large GEMM's)"] if flops else []),
         *(["saved KiB (beyond inputs)"] if kind.saved_memory else []),
+        *(["peak MiB inference / step"] if peaks else []),
     ]
     rows = []
     for r in results:
@@ -246,9 +251,17 @@ def table_rows(
                 *([ratios(r, rival)] if rival else []),
                 *([rate(r)] if flops else []),
                 *([saved] if kind.saved_memory else []),
+                *([peak_mib(r)] if peaks else []),
             ]
         )
     return header, rows
+
+
+def peak_mib(r: Result) -> str:
+    """A Result's peak memory of inference and of a step (--memory), in MiB."""
+    peaks = r.peak_bytes or {}
+    values = [peaks.get(phase) for phase in (NO_GRAD, "step")]
+    return " / ".join("-" if v is None else f"{v / 2**20:,.1f}" for v in values)
 
 
 def short_path(path: dict[str, str]) -> str:

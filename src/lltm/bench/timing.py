@@ -36,6 +36,9 @@ class Result:
     """Host seconds per call of each phase, one entry per block: the wall time
     of a loop of calls that waits on nothing (a GPU's work only queued). On a
     GPU, a step whose host time is near its time waits on the host."""
+    peak_bytes: dict[str, int] | None = None
+    """With --memory: how far one call of each memory phase (bench/memory.py:
+    ``no_grad``, ``step``) raised the memory in use, measured apart."""
     saved_bytes: int | None = None
     saved_beyond_inputs_bytes: int | None = None
     error: str | None = None
