@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from . import lengths as _lengths
 from . import ops
 
 
@@ -39,7 +41,12 @@ def lltm_cell(
 
 
 def lltm_sequence(
-    input: Tensor, weights: Tensor, bias: Tensor | None, old_h: Tensor, old_cell: Tensor
+    input: Tensor,
+    weights: Tensor,
+    bias: Tensor | None,
+    old_h: Tensor,
+    old_cell: Tensor,
+    lengths: Tensor | None = None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """The LLTM cell over a whole sequence, in one operator call.
 
@@ -52,17 +59,43 @@ def lltm_sequence(
         bias: as for :func:`lltm_cell`.
         old_h: the initial hidden state, ``(batch, state_size)``.
         old_cell: the initial cell, ``(batch, state_size)``.
+        lengths: for sequences of different lengths in a padded batch,
+            ``(batch,)`` integers on the CPU or the input's device, in any
+            order (ONNX's ``sequence_lens``): sequence ``b`` is its first
+            ``lengths[b]`` steps, as for :class:`lltm.LLTMSequence`.
 
     Returns:
         ``(output, (h_n, c_n))``: ``output`` ``(seq_len, batch, state_size)``
-        holds every step's ``new_h``; ``h_n``, ``c_n`` are the last step's
-        state. Differentiable with respect to every argument; works under
+        holds every step's ``new_h`` (zeros past a sequence's length);
+        ``h_n``, ``c_n`` are each sequence's state after its last step. Differentiable with respect to every argument; works under
         ``torch.compile``. :class:`lltm.LLTMSequence` adds layers, directions,
         ``batch_first`` and packed sequences.
 
     Raises:
-        TypeError: as for :func:`lltm_cell`.
-        ValueError: as for :func:`lltm_cell`.
+        TypeError: as for :func:`lltm_cell`; ``lengths`` neither a tensor nor None.
+        ValueError: as for :func:`lltm_cell`; ``lengths`` of another shape
+            than ``(batch,)``, not integers, on another device, or outside
+            ``[1, seq_len]``.
     """
-    output, h_n, c_n = ops.sequence(input, weights, bias, old_h, old_cell)
-    return output, (h_n, c_n)
+    if lengths is None:
+        output, h_n, c_n = ops.sequence(input, weights, bias, old_h, old_cell)
+        return output, (h_n, c_n)
+    if not isinstance(input, Tensor) or input.dim() != 3:
+        raise ValueError("lltm: lltm_sequence input must be 3-D (seq_len, batch, features)")
+    steps, batch = input.shape[0], input.shape[1]
+    lengths = _lengths.check(lengths, batch, steps, input, "lltm_sequence")
+    if _lengths.traced():
+        output, h_n, c_n = _lengths.traced_direction(
+            input, weights, bias, old_h, old_cell, lengths, False
+        )
+        return output, (h_n, c_n)
+    # The packed path: its results and gradients.
+    packed = pack_padded_sequence(input, lengths, enforce_sorted=False)
+    order, unsort = packed.sorted_indices, packed.unsorted_indices
+    output, h_n, c_n = ops.sequence(
+        packed.data, weights, bias, old_h[order], old_cell[order], packed.batch_sizes
+    )
+    padded, _ = pad_packed_sequence(
+        PackedSequence(output, packed.batch_sizes, order, unsort), total_length=steps
+    )
+    return padded, (h_n[unsort], c_n[unsort])

@@ -13,8 +13,9 @@ from typing import NoReturn, overload
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from . import lengths as _lengths
 from . import ops, reference
 
 
@@ -259,14 +260,20 @@ class LLTMSequence(torch.nn.Module):
 
     @overload
     def forward(
-        self, input: Tensor, state: tuple[Tensor, Tensor] | None = None
+        self,
+        input: Tensor,
+        state: tuple[Tensor, Tensor] | None = None,
+        lengths: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]: ...
     @overload
     def forward(
         self, input: PackedSequence, state: tuple[Tensor, Tensor] | None = None
     ) -> tuple[PackedSequence, tuple[Tensor, Tensor]]: ...
     def forward(
-        self, input: Tensor | PackedSequence, state: tuple[Tensor, Tensor] | None = None
+        self,
+        input: Tensor | PackedSequence,
+        state: tuple[Tensor, Tensor] | None = None,
+        lengths: Tensor | None = None,
     ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
         """Runs every layer and direction over ``input``.
 
@@ -279,19 +286,32 @@ class LLTMSequence(torch.nn.Module):
             state: ``(h_0, c_0)``, each ``(num_layers * directions, batch,
                 state_size)`` (``(num_layers * directions, state_size)`` for
                 an unbatched sequence); zeros when None.
+            lengths: for a padded batch of sequences of different lengths,
+                ``(batch,)`` integers (ONNX's ``sequence_lens``), on the CPU
+                or the input's device, in any order: sequence ``b`` is its
+                first ``lengths[b]`` steps, as ``pack_padded_sequence(input,
+                lengths, enforce_sorted=False)`` takes it, and the results
+                are the packed path's (lltm/lengths.py). Unlike a
+                ``PackedSequence``, it exports.
 
         Returns:
             ``(output, (h_n, c_n))``: ``output`` laid out like ``input`` (a
             ``PackedSequence`` for packed input) with ``directions *
-            state_size`` features; ``h_n`` and ``c_n`` shaped like ``h_0``,
-            holding each sequence's last valid step.
+            state_size`` features, zeros past each sequence's length;
+            ``h_n`` and ``c_n`` shaped like ``h_0``, holding each sequence's
+            last valid step.
 
         Raises:
             TypeError: ``input`` is not a tensor or a ``PackedSequence``, or
-                ``state`` is not a pair of tensors.
-            ValueError: a shape, dtype or device that does not fit; the
-                message starts with ``lltm:`` and names the argument.
+                ``state`` is not a pair of tensors, or ``lengths`` is neither
+                a tensor nor None.
+            ValueError: a shape, dtype or device that does not fit, or
+                ``lengths`` outside ``[1, seq_len]`` or with a packed or
+                unbatched input; the message starts with ``lltm:`` and names
+                the argument.
         """
+        if lengths is not None:
+            return self._forward_lengths(input, state, lengths)
         packed = isinstance(input, PackedSequence)
         batched = True
         if packed:
@@ -362,6 +382,50 @@ class LLTMSequence(torch.nn.Module):
         if self.batch_first:
             output = output.transpose(0, 1)
         return output, (final_h, final_c)
+
+    def _forward_lengths(
+        self, input: Tensor | PackedSequence, state: tuple[Tensor, Tensor] | None, lengths: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """:meth:`forward` of a padded batch with ``lengths`` (see lltm/lengths.py)."""
+        if not isinstance(input, Tensor) or input.dim() != 3:
+            _fail(
+                "lengths are for a padded batch, a 3-D input; a PackedSequence carries its own "
+                "and one unbatched sequence has its own length"
+            )
+        data = input.transpose(0, 1) if self.batch_first else input
+        steps, batch = data.shape[0], data.shape[1]
+        lengths = _lengths.check(lengths, batch, steps, data, "LLTMSequence")
+        if not _lengths.traced():
+            packed = pack_padded_sequence(data, lengths, enforce_sorted=False)
+            packed_output, final = self(packed, state)
+            output, _ = pad_packed_sequence(packed_output, total_length=steps)
+            return (output.transpose(0, 1) if self.batch_first else output), final
+        h_0, c_0 = self._initial_state(state, data, batch, True, None)
+        layer_input = data
+        h_n: list[Tensor] = []
+        c_n: list[Tensor] = []
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction in range(self.directions):
+                index = layer * self.directions + direction
+                weights_name, bias_name = self._parameter_names[index]
+                output, h, c = _lengths.traced_direction(
+                    layer_input,
+                    getattr(self, weights_name),
+                    getattr(self, bias_name),
+                    h_0.select(0, index),
+                    c_0.select(0, index),
+                    lengths,
+                    direction == 1,
+                )
+                outputs.append(output)
+                h_n.append(h)
+                c_n.append(c)
+            layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                layer_input = F.dropout(layer_input, self.dropout, training=True)
+        output = layer_input.transpose(0, 1) if self.batch_first else layer_input
+        return output, (torch.stack(h_n), torch.stack(c_n))
 
     def _initial_state(
         self,
