@@ -140,5 +140,3 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     print(_measure(json.loads(args.spec)))
     return 0
-
-
