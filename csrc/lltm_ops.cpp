@@ -39,6 +39,12 @@ LLTM_LIBRARY(m) {
       "sequence_forward(Tensor input, Tensor weights, Tensor? bias, Tensor old_h, "
       "Tensor old_cell, Tensor? batch_sizes, bool reverse) -> "
       "(Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
+  // sequence_forward's outputs alone, when nothing will differentiate the call:
+  // no gates or cells, which only the backward reads.
+  m.def(
+      "sequence_inference(Tensor input, Tensor weights, Tensor? bias, Tensor old_h, "
+      "Tensor old_cell, Tensor? batch_sizes, bool reverse) -> "
+      "(Tensor output, Tensor h_n, Tensor c_n)");
   // Backpropagation through time: the gradients of sequence_forward.
   m.def(
       "sequence_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
