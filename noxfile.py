@@ -229,14 +229,16 @@ def cuda_host(session: nox.Session) -> None:
 
 # The host build's tests the sanitize session runs: the emulation itself,
 # and the CUDA kernels on it (the persistent ones in every plan, both
-# widths; the per-step and pointwise ones), forward and backward, at odd
-# sizes; and the fuzz's quick profile against them (every dtype and layout).
+# widths; the per-step and pointwise ones), forward, inference and backward,
+# at odd sizes; and the fuzz's quick profile against them (every dtype and
+# layout).
 SANITIZED_CUDA_HOST_TESTS = [
     "tests/test_cuda_host.py",
     "tests/test_cuda_persistent.py",
     "tests/test_cuda_persistent_16_bit.py",
     "tests/test_cuda_persistent_whole_gpu.py",
     "tests/test_cuda_work.py",
+    "tests/test_cuda_inference.py",
     "tests/test_fuzz.py",
 ]
 # Left out there: the accuracy bound at the GPU sizes but the smallest

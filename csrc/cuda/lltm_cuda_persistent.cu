@@ -350,16 +350,15 @@ bool launch_waves(Kernel kernel, const SequencePlan& plan, Args& args, int64_t b
 
 template <typename T>
 bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Steps& steps,
-                    bool reverse, Tensor& gates, Tensor& output, Tensor& cells, Tensor& h_n,
-                    Tensor& c_n, const Tensor& weights, const Tensor& h0, const Tensor& c0,
-                    const Tensor* projection) {
+                    bool reverse, const Tensor& projection, Tensor* gates, Tensor& output,
+                    Tensor* cells, Tensor& h_n, Tensor& c_n, const Tensor& weights,
+                    const Tensor& h0, const Tensor& c0) {
   ForwardArgs<T> args{};
-  args.gates = gates.mutable_data_ptr<T>();
-  if constexpr (persistent::kWidened<T>) {
-    args.projection = projection->const_data_ptr<acc_t<T>>();
-  }
+  args.projection = projection.const_data_ptr<acc_t<T>>();
+  // Both or neither (sequence_inference): the kernel tests `gates` alone.
+  args.gates = gates != nullptr && cells != nullptr ? gates->mutable_data_ptr<T>() : nullptr;
+  args.cells = args.gates != nullptr ? cells->mutable_data_ptr<T>() : nullptr;
   args.output = output.mutable_data_ptr<T>();
-  args.cells = cells.mutable_data_ptr<T>();
   args.h_n = h_n.mutable_data_ptr<T>();
   args.c_n = c_n.mutable_data_ptr<T>();
   args.weights = weights.const_data_ptr<T>();
@@ -375,8 +374,8 @@ bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Step
   args.h_exchange_pitch = plan.h_from_global ? plan_ceil_div(n.state, 8) * 8 : n.state;
   if (plan.path == SequencePath::kCooperative && (persistent::kWidened<T> || plan.h_from_global)) {
     const int64_t columns = args.h_exchange_pitch;
-    h_exchange = persistent::kWidened<T> ? new_float_matrix(gates, 2 * n.batch, columns)
-                                         : new_matrix(gates, 2 * n.batch, columns);
+    h_exchange = persistent::kWidened<T> ? new_float_matrix(output, 2 * n.batch, columns)
+                                         : new_matrix(output, 2 * n.batch, columns);
     args.h_exchange = h_exchange->mutable_data_ptr<acc_t<T>>();
   }
   args.h_from_global = plan.h_from_global;
@@ -390,7 +389,7 @@ bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Step
   args.reverse = reverse;
   args.steps = steps;
   return launch_waves(forward_kernel<T>(plan.path, plan.tile_rows), plan, args, n.batch,
-                      gates.get_device_index(), "lltm sequence_forward_kernel");
+                      output.get_device_index(), "lltm sequence_forward_kernel");
 }
 
 template <typename T>
@@ -490,20 +489,22 @@ bool with_dtype(const Tensor& t, const Fn& fn) {
 
 }  // namespace
 
-bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule, Tensor& gates,
-                                 Tensor& output, Tensor& cells, Tensor& h_n, Tensor& c_n,
-                                 const Tensor& weights, const Tensor& h0, const Tensor& c0,
-                                 const Tensor* projection) {
-  const int element_size = element_size_of(gates);
-  const int device = gates.get_device_index();
+bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule,
+                                 const Tensor& projection, Tensor* gates, Tensor& output,
+                                 Tensor* cells, Tensor& h_n, Tensor& c_n, const Tensor& weights,
+                                 const Tensor& h0, const Tensor& c0) {
+  // The plan, as every choice here, by the output: the same with or without
+  // gates and cells.
+  const int element_size = element_size_of(output);
+  const int device = output.get_device_index();
   const SequencePlan plan =
       plan_for(SequencePass::kForward, device, element_size, n.batch, n.state);
   if (!plan.persistent()) return false;
   const std::optional<Steps> steps = steps_of(schedule, n.rows);
   if (!steps) return false;
-  return with_dtype(gates, [&](auto type) {
-    return forward_launch<decltype(type)>(plan, n, *steps, schedule.reverse, gates, output, cells,
-                                          h_n, c_n, weights, h0, c0, projection);
+  return with_dtype(output, [&](auto type) {
+    return forward_launch<decltype(type)>(plan, n, *steps, schedule.reverse, projection, gates,
+                                          output, cells, h_n, c_n, weights, h0, c0);
   });
 }
 

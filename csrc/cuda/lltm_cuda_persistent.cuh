@@ -20,7 +20,8 @@
 // threads along the state (16-bit dtypes from sm_80 on: on the tensor
 // cores, a warp per 16 x 8 tile, lltm_cuda_tensor_cores.cuh); (3) the cell's pointwise step
 // (lltm_cuda_math.cuh, as the per-step kernels), by the thread owning the
-// pair, which writes gates, output and cells; (4) the exchange of the new h
+// pair, which writes gates, output and cells (sequence_inference: output
+// alone); (4) the exchange of the new h
 // between the group's blocks with ONE barrier: in cluster mode each thread
 // stores it into the h buffer of every block of its cluster (distributed
 // shared memory, two buffers used in turn, so that no block writes the

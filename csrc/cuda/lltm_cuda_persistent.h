@@ -15,17 +15,20 @@ namespace lltm::cuda {
 using torch::stable::Tensor;
 
 // The recurrence of sequence_forward in one launch, in float32, float64,
-// float16 and bfloat16 (the last two computed in float32): output, cells,
-// h_n, c_n are written, and `gates` as the per-step path leaves it. Every
-// step's input projection and bias: float32 and float64, in `gates` on
-// entry; 16-bit, in `projection`, float32 (rows, 3S). False, with nothing
-// written, where the plan takes the per-step path or the GPU refuses the
-// launch as too large (busy, MPS): the caller then runs the per-step path.
-// h0 and c0 are dense.
-bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule, Tensor& gates,
-                                 Tensor& output, Tensor& cells, Tensor& h_n, Tensor& c_n,
-                                 const Tensor& weights, const Tensor& h0, const Tensor& c0,
-                                 const Tensor* projection = nullptr);
+// float16 and bfloat16 (the last two computed in float32): output, h_n, c_n
+// are written, and `gates` and `cells` as the per-step path leaves them;
+// both null where nothing will differentiate the call (sequence_inference):
+// the same output, h_n and c_n, from the same plan and launch. `projection`
+// holds every step's input projection and bias, (rows, 3S): in float32 and
+// float64 in the dtype (in training the memory of `gates`, overwritten with
+// them as the steps go), in 16 bits in float32. False, with nothing written,
+// where the plan takes the per-step path or the GPU refuses the launch as
+// too large (busy, MPS): the caller then runs the per-step path. h0 and c0
+// are dense.
+bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule,
+                                 const Tensor& projection, Tensor* gates, Tensor& output,
+                                 Tensor* cells, Tensor& h_n, Tensor& c_n, const Tensor& weights,
+                                 const Tensor& h0, const Tensor& c0);
 
 // Whether the plan takes such a call's forward to the persistent kernel (the
 // GPU may still refuse the launch): 16-bit calls compute its float32

@@ -40,15 +40,17 @@ template <typename T>
 struct ForwardArgs {
   using Math = acc_t<T>;
   // (input rows, 3S): on return the activated input and output gates and
-  // the candidate's pre-activation, as the per-step path leaves them; on
-  // entry, in float32 and float64, the input projection and bias of every
-  // step.
+  // the candidate's pre-activation, as the per-step path leaves them; null
+  // where nothing will differentiate the call (sequence_inference): not
+  // written.
   T* gates;
-  // 16-bit: the input projection and bias of every step in float32, (input
-  // rows, 3S) (see persistent_sequence_forward); else null.
+  // The input projection and bias of every step, (input rows, 3S), in the
+  // math type (see persistent_sequence_forward): in float32 and float64 the
+  // memory of `gates` where that is given (each element is read before its
+  // thread writes the gate over it), in 16 bits a float32 tensor of its own.
   const Math* projection;
   T* output;  // (input rows, S)
-  T* cells;   // (input rows, S)
+  T* cells;   // (input rows, S); null, not written, where `gates` is
   T* h_n;     // (batch, S)
   T* c_n;     // (batch, S)
   const T* weights;
@@ -168,17 +170,10 @@ __device__ __forceinline__ void load_step_inputs(const ForwardArgs<T>& args,
     if (!pair_is_active(pairs, j, active, slice)) continue;
     const int64_t input_row = step.first_input_row + slice.first_row + pairs.row[j];
     const int64_t at = input_row * 3 * state_size + slice.first_unit + pairs.unit[j];
-    if constexpr (kWidened<T>) {
-      const acc_t<T>* projection = args.projection + at;
-      inputs.projection[j][0] = projection[0];
-      inputs.projection[j][1] = projection[state_size];
-      inputs.projection[j][2] = projection[2 * state_size];
-    } else {
-      const T* gates = args.gates + at;
-      inputs.projection[j][0] = gates[0];
-      inputs.projection[j][1] = gates[state_size];
-      inputs.projection[j][2] = gates[2 * state_size];
-    }
+    const acc_t<T>* projection = args.projection + at;
+    inputs.projection[j][0] = projection[0];
+    inputs.projection[j][1] = projection[state_size];
+    inputs.projection[j][2] = projection[2 * state_size];
   }
 }
 
@@ -305,8 +300,10 @@ __device__ __forceinline__ void recurrent_products(const ForwardShared<T>& share
 // The cell of each active pair of the thread: its pre-activations (the
 // input projection plus the dot product's parts, added in part order), the
 // activations, the new cell and h, written to gates, output and cells as the
-// per-step path writes them (rounded to T) and kept as the pair's running
-// state (not rounded); the new h also goes to the exchange, but after the
+// per-step path writes them (rounded to T; gates and cells only where given,
+// the output always) and kept as the pair's running state (not rounded):
+// nothing else reads gates and cells, so the state and the output are the
+// same bits either way. The new h also goes to the exchange, but after the
 // last step (h_next null): in cluster mode into `h_next` of every block of
 // the cluster, in cooperative mode into `h_next` in global memory where
 // h_exchange is used (16-bit, h_from_global).
@@ -338,12 +335,14 @@ __device__ __forceinline__ void cell_step(const ForwardArgs<T>& args,
     forward_element(pre[0], pre[1], pre[2], shared.running_cell[pair], h_new, c_new);
     const int64_t input_row = step.first_input_row + slice.first_row + row;
     const int64_t column = slice.first_unit + unit;
-    T* gates = args.gates + input_row * 3 * state_size + column;
-    gates[0] = T(pre[0]);
-    gates[state_size] = T(pre[1]);
-    gates[2 * state_size] = T(pre[2]);
+    if (args.gates != nullptr) {  // the same for every thread: no divergence
+      T* gates = args.gates + input_row * 3 * state_size + column;
+      gates[0] = T(pre[0]);
+      gates[state_size] = T(pre[1]);
+      gates[2 * state_size] = T(pre[2]);
+      args.cells[input_row * state_size + column] = T(c_new);
+    }
     args.output[input_row * state_size + column] = T(h_new);
-    args.cells[input_row * state_size + column] = T(c_new);
     shared.running_cell[pair] = c_new;
     shared.running_h[pair] = h_new;
     if (h_next == nullptr) continue;

@@ -16,11 +16,14 @@ namespace lltm::cuda {
 using torch::stable::Tensor;
 
 // Row r of gates starts at r * 3 * state; its three gate blocks are `state`
-// apart. Every other matrix has rows of `state` elements.
+// apart. Every other matrix has rows of `state` elements. old_cell and
+// new_cell may be the same memory (the sequence's inference keeps its
+// running cell in c_n, updated in place): each element of it is read, then
+// written, by one thread alone, hence no __restrict__ on those two.
 template <typename scalar_t, int kVec>
-__global__ void forward_kernel(scalar_t* __restrict__ gates, const scalar_t* __restrict__ old_cell,
-                               scalar_t* __restrict__ new_h, scalar_t* __restrict__ new_cell,
-                               int64_t batch, int64_t state) {
+__global__ void forward_kernel(scalar_t* __restrict__ gates, const scalar_t* old_cell,
+                               scalar_t* __restrict__ new_h, scalar_t* new_cell, int64_t batch,
+                               int64_t state) {
   using P = Pack<scalar_t, kVec>;
   for_each_pack<kVec>(batch, state, [&](int64_t row, int64_t j) {
     scalar_t* g = gates + row * 3 * state;

@@ -12,8 +12,8 @@ between barriers (forward, reverse or seeded random), after the checks a GPU
 makes (shared memory, clusters, co-residency of a cooperative grid); the GPU's
 launch limits and alignment rules are checked, GEMMs run on torch's CPU shim.
 The library built here registers the kernels as ``lltm_cuda_host::forward``,
-``backward``, ``sequence_forward``, ``sequence_backward`` and
-``sequence_gate_grads`` for CPU tensors, with the schemas of
+``backward``, ``sequence_forward``, ``sequence_inference``,
+``sequence_backward`` and ``sequence_gate_grads`` for CPU tensors, with the schemas of
 csrc/lltm_ops.cpp (compiled again under that namespace), and carries the CUDA
 plugin's own C functions (csrc/cuda/lltm_cuda_library_exports.cpp, read as the
 plugin's ``_C`` reads them) and a Python module, ``emulation``, the controls of
@@ -58,7 +58,14 @@ import lltm
 from lltm import _native
 
 ROOT = Path(__file__).resolve().parents[2]
-OPS = ("forward", "backward", "sequence_forward", "sequence_backward", "sequence_gate_grads")
+OPS = (
+    "forward",
+    "backward",
+    "sequence_forward",
+    "sequence_inference",
+    "sequence_backward",
+    "sequence_gate_grads",
+)
 NAMESPACE = "lltm_cuda_host"
 ENABLED = os.environ.get("LLTM_CUDA_HOST") == "1"
 WHERE = "nox -s cuda_host (LLTM_CUDA_HOST=1 builds and runs it anywhere)"
@@ -200,6 +207,8 @@ def routed() -> Iterator[ModuleType]:
             # The dispatcher warns (once) that a kernel is overridden: that is the point.
             warnings.filterwarnings("ignore", "Warning only once for all operators")
             for op in OPS:
+                if not hasattr(torch.ops.lltm, op):
+                    continue  # an lltm built before the op was declared
                 kernel = getattr(getattr(torch.ops, NAMESPACE), op).default
                 library.impl(op, kernel, "CPU")
         yield emulated

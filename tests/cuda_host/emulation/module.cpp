@@ -363,6 +363,34 @@ PyObject* calls(PyObject*, PyObject*) {
   return counts;
 }
 
+// allocations() -> [(sizes, dtype)]: the tensors the CUDA sources allocated
+// through torch's C shim since the last call (runtime/calls.h), in order;
+// dtype is the shim's code (torch's ScalarType: 5 float16, 6 float32,
+// 7 float64, 15 bfloat16). Operators called through torch's dispatcher
+// allocate out of its sight: calls() counts them by name.
+PyObject* allocations(PyObject*, PyObject*) {
+  PyObject* list = PyList_New(0);
+  if (list == nullptr) return nullptr;
+  for (const host::Allocation& a : host::take_allocations()) {
+    PyObject* sizes = PyTuple_New(static_cast<Py_ssize_t>(a.sizes.size()));
+    if (sizes == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    for (size_t d = 0; d < a.sizes.size(); ++d) {
+      PyTuple_SET_ITEM(sizes, static_cast<Py_ssize_t>(d), PyLong_FromLongLong(a.sizes[d]));
+    }
+    PyObject* item = Py_BuildValue("(Ni)", sizes, a.dtype);
+    if (item == nullptr || PyList_Append(list, item) < 0) {
+      Py_XDECREF(item);
+      Py_DECREF(list);
+      return nullptr;
+    }
+    Py_DECREF(item);
+  }
+  return list;
+}
+
 PyMethodDef methods[] = {
     {"index_space", index_space, METH_VARARGS, "What every thread of a grid saw, in order run."},
     {"launch_on_stream", launch_on_stream, METH_VARARGS, "An empty kernel on a given stream."},
@@ -419,6 +447,8 @@ PyMethodDef methods[] = {
     {"peek_last_error", peek_last_error, METH_NOARGS, "The calling thread's last error, kept."},
     {"launches", launches, METH_NOARGS, "Kernel launches run so far."},
     {"calls", calls, METH_NOARGS, "Launches and torch shim calls run so far, by name."},
+    {"allocations", allocations, METH_NOARGS,
+     "The shim's allocations since the last call: (sizes, dtype)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -9,7 +9,10 @@ namespace {
 struct Counts {
   std::mutex mutex;
   std::map<std::string, int64_t> by_name;
+  std::vector<Allocation> allocations;
 };
+
+constexpr size_t kMaxAllocations = 65536;
 
 Counts& counts() {
   static Counts state;
@@ -28,6 +31,21 @@ std::map<std::string, int64_t> calls() {
   Counts& c = counts();
   const std::lock_guard<std::mutex> lock(c.mutex);
   return c.by_name;
+}
+
+void record_allocation(int64_t ndim, const int64_t* sizes, int32_t dtype) {
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  if (c.allocations.size() >= kMaxAllocations) c.allocations.clear();
+  c.allocations.push_back({std::vector<int64_t>(sizes, sizes + ndim), dtype});
+}
+
+std::vector<Allocation> take_allocations() {
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  std::vector<Allocation> taken;
+  taken.swap(c.allocations);
+  return taken;
 }
 
 }  // namespace lltm::cuda_host

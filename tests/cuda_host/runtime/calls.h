@@ -6,7 +6,9 @@
 // defines them) and the calls of torch's C shim that make work or tensors
 // (allocations, views, GEMMs, and each operator called through torch's
 // dispatcher by its name, e.g. "aten::copy_"). The shim's queries (sizes,
-// strides, data pointers, dtypes) are not counted.
+// strides, data pointers, dtypes) are not counted. The shim's allocations are
+// also recorded with their sizes and dtypes (take_allocations), so that a
+// test can see which tensors a call makes.
 //
 // Counted by renaming: after this header, the shim's functions that the CUDA
 // sources (and torch's stable headers they include, torch/csrc/stable/ops.h)
@@ -26,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace lltm::cuda_host {
 
@@ -36,6 +39,21 @@ void count_call(const std::string& name);
 // differences).
 std::map<std::string, int64_t> calls();
 
+// A tensor the CUDA sources allocated through the shim: its sizes and dtype
+// (the shim's code).
+struct Allocation {
+  std::vector<int64_t> sizes;
+  int32_t dtype;
+};
+
+// One more allocation (calls.cpp; thread-safe).
+void record_allocation(int64_t ndim, const int64_t* sizes, int32_t dtype);
+
+// The allocations recorded since the last call, in order; the record starts
+// again empty (and drops what it holds past 65,536 entries, so that a process
+// that never reads it stays small).
+std::vector<Allocation> take_allocations();
+
 // The counting twins of the shim's functions.
 namespace counted {
 
@@ -43,6 +61,7 @@ inline AOTITorchError empty_strided(int64_t ndim, const int64_t* sizes, const in
                                     int32_t dtype, int32_t device_type, int32_t device_index,
                                     AtenTensorHandle* out) {
   count_call("aoti_torch_empty_strided");
+  record_allocation(ndim, sizes, dtype);
   return ::aoti_torch_empty_strided(ndim, sizes, strides, dtype, device_type, device_index, out);
 }
 
