@@ -193,6 +193,11 @@ def render(info: dict[str, Any]) -> str:
         *((f"kernel [{dev}]", how) for dev, how in info["kernels"].items()),
         ("CPU instruction set", info["cpu_isa"] or f"none: {info['cpu_isa_error']}"),
         (
+            "sequence forward",
+            "lltm::sequence_inference (no gates or cells kept) where no gradient can be asked "
+            "(no_grad, inference_mode, nothing requiring grad); else lltm::sequence_forward",
+        ),
+        (
             "torch internals",
             "all found"
             if not info["torch_internals_missing"]

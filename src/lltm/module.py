@@ -98,10 +98,9 @@ def _refuse_packed_export() -> NoReturn:
     raise ValueError(
         "lltm: LLTMSequence cannot be exported (torch.export, ONNX, ExecuTorch) with a "
         "PackedSequence input: how many sequences each step updates is data, which an "
-        "exported graph cannot follow. Export the model on the padded batch "
-        "(torch.nn.utils.rnn.pad_packed_sequence) instead: in the forward direction each "
-        "sequence's outputs up to its length are the same, and its last state is "
-        "output[length - 1]"
+        "exported graph cannot follow. Export it on the padded batch with its lengths "
+        "instead, model(padded, state, lengths): the packed path's results, in a graph "
+        "that exports (torch.nn.utils.rnn.pad_packed_sequence gives both)"
     )
 
 

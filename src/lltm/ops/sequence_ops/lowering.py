@@ -67,7 +67,8 @@ def sequence_forward(
             "lltm: a packed sequence (lltm::sequence_forward with batch_sizes) cannot be "
             "lowered to core ATen, for ONNX, ExecuTorch or run_decompositions(): how many "
             "sequences each step updates is data, which the lowered graph cannot follow. "
-            "Export the model on the padded batch instead (torch.nn.utils.rnn.pad_packed_sequence)"
+            "Export the model on the padded batch with its lengths instead "
+            "(LLTMSequence(padded, state, lengths), lltm_sequence(..., lengths))"
         )
     for_onnx = _exporting_to_onnx()  # any shape scans
     n = check_sequence_args(input, weights, bias, old_h, old_cell, None)
