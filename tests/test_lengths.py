@@ -263,7 +263,9 @@ def test_onnx_runs_every_length_and_batch_in_onnxruntime(tmp_path):
         assert _max_error([torch.from_numpy(o) for o in outputs], expected) < 1e-5
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+@pytest.mark.parametrize(
+    "backend", ["portable", pytest.param("xnnpack", marks=pytest.mark.deploy_full)]
+)
 def test_executorch_runs_every_length_and_batch(backend, tmp_path):
     pytest.importorskip("executorch", reason="pip install --group deploy")
     from executorch.exir import to_edge_transform_and_lower
