@@ -220,7 +220,9 @@ def cpu_variant() -> dict:
         packages=find_packages("src", include=["lltm", "lltm.*"]),
         package_dir={"": "src"},
         # py.typed: the annotations are checked (mypy --strict, nox -s lint).
-        package_data={"lltm": ["py.typed"]},
+        # share/cmake and include: lltm's CMake package and its C++ header,
+        # for C++ programs (lltm.cmake_prefix_path).
+        package_data={"lltm": ["py.typed", "share/cmake/lltm/*.cmake", "include/lltm/*.h"]},
         ext_modules=[native_library(ext)],
         install_requires=["torch>=2.10"],
         extras_require={
