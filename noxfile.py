@@ -318,8 +318,8 @@ def sanitize(session: nox.Session) -> None:
 @disposable
 def lint(session: nox.Session) -> None:
     """ruff (lint, docstrings, format check), mypy --strict on src/ (lltm ships
-    py.typed) and clang-format (check) on csrc/ and the host build's C++
-    (tests/cuda_host/)."""
+    py.typed) and clang-format (check) on csrc/, the host build's C++
+    (tests/cuda_host/), lltm's C++ header and the C++ example."""
     session.install(*group("lint"), *group("bench"))
     # mypy reads torch's own annotations: the CPU build lltm is built against.
     install_torch(session, BUILD_TORCH)
@@ -328,7 +328,7 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")  # what and how: pyproject.toml's [tool.mypy]
     sources = sorted(
         str(p.relative_to(ROOT))
-        for tree in ("csrc", "tests/cuda_host")
+        for tree in ("csrc", "tests/cuda_host", "src/lltm/include", "examples/cpp")
         for p in (ROOT / tree).rglob("*")
         if p.suffix in (".h", ".cpp", ".cu", ".cuh")
     )
@@ -415,10 +415,11 @@ def slow(session: nox.Session) -> None:
     ~/.cache/lltm/test-venvs; on CI, freed with the session). The wheels are those ``nox -s cibuildwheel``
     repaired from the same sources, where it ran; LLTM_TEST_WHEELS=dist takes
     ``nox -s build``'s instead; else the tests build both.
-    LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm) from a
-    skip into a failure."""
+    LLTM_TEST_REQUIRE_INSTALLS=1 turns a missing prerequisite (nvcc, nm,
+    cmake) from a skip into a failure."""
     wheel = build_wheel(session, BUILD_TORCH, "cpu", Path(session.create_tmp()) / "wheels")
-    install_torch(session, BUILD_TORCH, str(wheel), *group("test"))
+    # cpp: CMake and ninja, for the C++ example (tests/test_cpp_example.py).
+    install_torch(session, BUILD_TORCH, str(wheel), *group("test"), *group("cpp"))
     env = {}
     repaired = repaired_wheels(session)
     # A cibuildwheel running beside this session (.ci/run) is let finish its

@@ -152,6 +152,13 @@ class BuildExtension(cpp_extension.BuildExtension):
             # own runtime libraries: a -static-libstdc++ (or a static
             # libstdc++.a a wrapper's -B folder holds) finds nothing to add.
             ext.libraries = [*ext.libraries, *(lib for lib in runtime if lib not in ext.libraries)]
+            if sys.platform.startswith("linux"):
+                # A soname, the file's name: a C++ program linked with the
+                # library (lltm's CMake package) then needs it by that name,
+                # found through the program's runpath, rather than at the
+                # path it was linked from.
+                name = os.path.basename(self.get_ext_filename(ext.name))
+                ext.extra_link_args = [*ext.extra_link_args, f"-Wl,-soname,{name}"]
         super().build_extensions()
         for ext in self.extensions:
             cxx_runtime.check_library(
@@ -213,7 +220,9 @@ def cpu_variant() -> dict:
         packages=find_packages("src", include=["lltm", "lltm.*"]),
         package_dir={"": "src"},
         # py.typed: the annotations are checked (mypy --strict, nox -s lint).
-        package_data={"lltm": ["py.typed"]},
+        # share/cmake and include: lltm's CMake package and its C++ header,
+        # for C++ programs (lltm.cmake_prefix_path).
+        package_data={"lltm": ["py.typed", "share/cmake/lltm/*.cmake", "include/lltm/*.h"]},
         ext_modules=[native_library(ext)],
         install_requires=["torch>=2.10"],
         extras_require={

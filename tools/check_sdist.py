@@ -43,6 +43,9 @@ def check_sdist(archive: Path) -> None:
         "tools/setup_helpers/elf_headers.py",
         "tools/setup_helpers/sanitizers.py",
         "src/lltm/__init__.py", "src/lltm/_C.py", "src/lltm/py.typed",
+        "src/lltm/share/cmake/lltm/lltmConfig.cmake",
+        "src/lltm/share/cmake/lltm/lltmConfigVersion.cmake", "src/lltm/include/lltm/lltm.h",
+        "examples/cpp/CMakeLists.txt", "examples/cpp/main.cpp", "examples/cpp/make_artifacts.py",
         "src/lltm_cuda/__init__.py", "src/lltm_cuda/_C.py",
     }  # fmt: skip
     missing = sorted(required - members)

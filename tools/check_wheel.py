@@ -20,6 +20,12 @@ from packaging.utils import parse_wheel_filename
 from tools import project_facts
 
 VERSION = project_facts.version()
+# lltm's CMake package and C++ header (lltm.cmake_prefix_path).
+CPP_PACKAGE = (
+    "lltm/share/cmake/lltm/lltmConfig.cmake",
+    "lltm/share/cmake/lltm/lltmConfigVersion.cmake",
+    "lltm/include/lltm/lltm.h",
+)
 
 # Platforms as environment markers see them: lltm-cuda<major> exists for the
 # first only, so lltm's CUDA extras must require it there and nowhere else.
@@ -72,7 +78,9 @@ def check_wheel(wheel: Path, variant: str) -> None:
     assert not vendored, f"{wheel.name} vendors {vendored}"
     if variant == "cpu":
         assert name == "lltm", wheel.name
-        assert {"lltm/lib/lltm_cpu.so", "lltm/_C.py", "lltm/py.typed"} <= set(members), members
+        assert {"lltm/lib/lltm_cpu.so", "lltm/_C.py", "lltm/py.typed", *CPP_PACKAGE} <= set(
+            members
+        ), members
         assert not [m for m in members if m.startswith("lltm_cuda")], members
         assert "Requires-Dist: torch>=2.10" in metadata, metadata
         check_cuda_extras(metadata)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import _C, _backends, _probes
+from . import _C, _backends, _probes, cmake_prefix_path
 from ._version import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -176,6 +176,8 @@ def collect() -> dict[str, Any]:
         "cuda_sequence_paths": [_sequence_paths(i) for i in range(torch.cuda.device_count())]
         if cuda_ok
         else [],
+        # lltm's CMake package, for C++ programs (lltm.cmake_prefix_path).
+        "cmake_prefix_path": cmake_prefix_path,
         **provenance(),
     }
 
@@ -203,6 +205,7 @@ def render(info: dict[str, Any]) -> str:
             if not info["torch_internals_missing"]
             else "missing: " + ", ".join(info["torch_internals_missing"]) + " (slower fallbacks)",
         ),
+        ("CMake prefix (C++)", info["cmake_prefix_path"]),
         ("CUDA plugin", info["cuda_plugin"] or "not installed"),
         (
             "CUDA kernels",
