@@ -24,6 +24,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -89,7 +90,15 @@ def _measure(spec: dict[str, Any]) -> int:
         kind=kinds.KINDS[spec["kind"]],
         autocast=autocast,
     )
-    run = case.phase(spec["phase"])
+    return peak_of(case.phase(spec["phase"]), device)
+
+
+def peak_of(run: Callable[[], Any], device: torch.device) -> int:
+    """How far ``run()`` raises the memory in use on ``device``, in this process.
+
+    Only the first such measurement of a process means what it says on a
+    CPU where the peak cannot be reset (see the module's docstring).
+    """
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
