@@ -165,12 +165,14 @@ def test_info_names_the_set_in_use():
 
 # The suites that reach the kernels' ISA-specific code: the pointwise spans
 # of every dtype and layout, the sequence kernels' fused steps (their own
-# tests at every tile, vector and pass boundary, and the sequence suite), and
+# tests at every tile, vector and pass boundary, the sequence suite and the
+# inference forward's, bit for bit the training forward's), and
 # the split of the work between threads. Compilation and opcheck test the
 # Python registration, the same for every variant: left to the default run.
 SUITES = [
     "test_parity.py",
     "test_sequence.py",
+    "test_inference.py",
     "test_fused_steps.py",
     "test_threads.py",
     "test_layouts.py",

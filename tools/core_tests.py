@@ -1,7 +1,7 @@
 """The core of the test suite: where the whole suite cannot run, these do.
 
 It reaches every kernel (the cell's forward and backward, the sequence's
-forward, backward and gate gradients), every dtype (float64 against the
+forward, inference forward, backward and gate gradients), every dtype (float64 against the
 reference to 1e-12; float32, float16 and bfloat16 against the reference's
 own accuracy), strided, broadcast and misaligned arguments, the work split
 between threads, gradcheck, opcheck, the fuzz (its quick profile), and the
@@ -38,6 +38,8 @@ CORE = [
     "tests/test_sequence.py::test_opcheck_sequence_backward",
     "tests/test_sequence.py::test_opcheck_sequence_gate_grads",
     "tests/test_sequence.py::test_two_threads_match_one",
+    "tests/test_inference.py::test_inference_equals_training_bit_for_bit",
+    "tests/test_inference.py::test_opcheck",
     "tests/test_autograd.py::test_gradcheck_op",
     "tests/test_autograd.py::test_gradgradcheck",
     "tests/test_autograd.py::test_opcheck_forward",
