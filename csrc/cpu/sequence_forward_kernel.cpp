@@ -169,8 +169,7 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule,
         const scalar_t* input_row = input_data + (start + r) * input_row_stride;
         std::copy(input_row, input_row + n.features, in + r * (S + n.features) + S);
       }
-      Tensor step_gates =
-          reshaped_view(gates, size, 3 * S, 3 * S, 1, gates_start(start) * 3 * S);
+      Tensor step_gates = reshaped_view(gates, size, 3 * S, 3 * S, 1, gates_start(start) * 3 * S);
       linear_out(step_gates, bias,
                  reshaped_view(*step_input, size, S + n.features, S + n.features, 1),
                  transposed(weights));
@@ -181,8 +180,8 @@ void sequence_forward_steps(const SequenceSizes& n, const Schedule& schedule,
       if (carried > 0) {
         Tensor first_rows = reshaped_view(gates, carried, 3 * S, 3 * S, 1, start * 3 * S);
         addmm_out(first_rows, first_rows,
-                  reshaped_view(outputs.output, carried, S, S, 1, previous_start * S), w_h_transposed,
-                  1.0);
+                  reshaped_view(outputs.output, carried, S, S, 1, previous_start * S),
+                  w_h_transposed, 1.0);
       }
       if (size > carried) {
         Tensor joining =
@@ -274,8 +273,8 @@ SequenceResults run_sequence(const Tensor& input, const Tensor& weights,
                                                      dense_old_h, old_cell, outputs);
                     gather_final_state<scalar_t>(n, schedule, outputs.output, old_h, results.h_n,
                                                  false);
-                    gather_final_state<scalar_t>(n, schedule, outputs.cells, old_cell,
-                                                 results.c_n, outputs.running_cells);
+                    gather_final_state<scalar_t>(n, schedule, outputs.cells, old_cell, results.c_n,
+                                                 outputs.running_cells);
                   }),
                   AT_FLOATING_TYPES, torch::headeronly::ScalarType::Half,
                   torch::headeronly::ScalarType::BFloat16);

@@ -28,9 +28,10 @@ struct ForwardTile {
 
 // After the product: acc holds the pre-activations of the tile's input
 // gates, output gates and candidates. Activates them and writes the tile's
-// gates (unless args.gates is null: inference), new h and new cell: first the three activations of every row, then
-// the cells (a row at a time from start to end would chain ~150 cycles of
-// latency per row, more than the out-of-order window overlaps).
+// gates (unless args.gates is null: inference), new h and new cell: first
+// the three activations of every row, then the cells (a row at a time from
+// start to end would chain ~150 cycles of latency per row, more than the
+// out-of-order window overlaps).
 template <typename T, typename Set, int kRows>
 LLTM_ALWAYS_INLINE void forward_epilogue(
     const ForwardSteps<T>& args, const ForwardTile<T>& tile,
@@ -196,9 +197,9 @@ LLTM_ALWAYS_INLINE void forward_block(const ForwardSteps<T>& args, int64_t first
     // tile sweeps it.
     for (int64_t p = 0; p < w.panels; ++p) {
       const int64_t j0 = p * w.lanes;
-      const ForwardTile<T> tile{previous_cells.data(), start + first,
-                                args.cells + (cells_start + first) * S, 0, j0,
-                                std::min(w.lanes, S - j0)};
+      const ForwardTile<T> tile{
+          previous_cells.data(),    start + first, args.cells + (cells_start + first) * S, 0, j0,
+          std::min(w.lanes, S - j0)};
       for (int64_t k0 = 0; k0 < args.features + S; k0 += pass_depth) {
         const ForwardPass<T> pass{k0, std::min(k0 + pass_depth, args.features + S),
                                   passes > 1 ? partial.data() : nullptr};

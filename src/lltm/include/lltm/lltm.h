@@ -25,12 +25,9 @@ namespace lltm {
 // lltm's operators, as its library declares them (csrc/lltm_ops.cpp).
 inline const std::vector<std::string>& operator_names() {
   static const std::vector<std::string> names = {
-      "lltm::forward",
-      "lltm::backward",
-      "lltm::sequence_forward",
-      "lltm::sequence_inference",
-      "lltm::sequence_backward",
-      "lltm::sequence_gate_grads",
+      "lltm::forward",           "lltm::backward",
+      "lltm::sequence_forward",  "lltm::sequence_inference",
+      "lltm::sequence_backward", "lltm::sequence_gate_grads",
   };
   return names;
 }
