@@ -28,6 +28,7 @@ OPS = (
     "lltm::forward",
     "lltm::backward",
     "lltm::sequence_forward",
+    "lltm::sequence_inference",
     "lltm::sequence_backward",
     "lltm::sequence_gate_grads",
 )
