@@ -94,6 +94,28 @@ bool persistent_enabled() {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
+// The plan LLTM_CUDA_PLAN forces (lltm_cuda_persistent_plan.h), read at
+// every call as LLTM_CUDA_PERSISTENT; parsed again only when it changes. An
+// invalid value raises an argument error (a ValueError in Python).
+ForcedPlan forced_plan() {
+  const char* value = std::getenv(kPlanVariable);
+  if (value == nullptr || value[0] == '\0') return {};
+  static std::mutex mutex;
+  static std::string last;
+  static ForcedPlan parsed;
+  static bool known = false;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!known || last != value) {
+    ForcedPlan plan;
+    const std::string error = parse_forced_plan(value, plan);
+    if (!error.empty()) fail_argument(error);
+    parsed = plan;
+    last = value;
+    known = true;
+  }
+  return parsed;
+}
+
 int attribute(cudaDeviceAttr which, int device) {
   int value = 0;
   const cudaError_t error = cudaDeviceGetAttribute(&value, which, device);
@@ -208,29 +230,32 @@ class KernelOccupancy final : public Occupancy {
 };
 
 // Whether the plan of such a call depends on the device at all.
-bool plan_reads_device(int element_size, int64_t batch, int64_t state) {
-  return persistent_enabled() && persistent_element_size(element_size) && batch > 0 && state > 0;
+bool plan_reads_device(const ForcedPlan& forced, int element_size, int64_t batch, int64_t state) {
+  return persistent_enabled() && forced.mode != ForcedMode::kPerStep &&
+         persistent_element_size(element_size) && batch > 0 && state > 0;
 }
 
 // The plan for a call, remembered per device, epoch, pass, element size,
-// batch and state (the occupancy calculator is not free: a plan may ask it a
-// few dozen times).
+// batch, state and forced plan (the occupancy calculator is not free: a plan
+// may ask it a few dozen times).
 SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
                       int64_t state) {
-  if (!plan_reads_device(element_size, batch, state)) {
+  const ForcedPlan forced = forced_plan();
+  if (!plan_reads_device(forced, element_size, batch, state)) {
     // The reason only: no device query.
     struct Unused final : Occupancy {
       int blocks_per_multiprocessor(SequencePass, int, int, int64_t) const override { return 0; }
       int active_clusters(SequencePass, int, int, int, int, int64_t) const override { return 0; }
     } unused;
-    return plan_sequence(pass, element_size, batch, state, DeviceLimits{}, unused,
-                         persistent_enabled());
+    return plan_forced(pass, element_size, batch, state, DeviceLimits{}, unused,
+                       persistent_enabled(), forced);
   }
-  using Key = std::tuple<int, uint64_t, int, int, int64_t, int64_t>;
+  using Key = std::tuple<int, uint64_t, int, int, int64_t, int64_t, std::string>;
   static std::mutex mutex;
   static std::map<Key, SequencePlan> plans;
   const int slot = device_slot(device);
-  const Key key{slot, device_epoch(), static_cast<int>(pass), element_size, batch, state};
+  const Key key{slot,  device_epoch(), static_cast<int>(pass), element_size,
+                batch, state,          forced.setting};
   const bool cached = slot >= 0;
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
@@ -240,17 +265,17 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
   const DeviceLimits limits = device_limits(device);
   SequencePlan plan;
   if (element_size == 8) {
-    plan = plan_sequence(pass, element_size, batch, state, limits,
-                         KernelOccupancy<double>(device, limits));
+    plan = plan_forced(pass, element_size, batch, state, limits,
+                       KernelOccupancy<double>(device, limits), true, forced);
   } else if (element_size == 4) {
-    plan = plan_sequence(pass, element_size, batch, state, limits,
-                         KernelOccupancy<float>(device, limits));
+    plan = plan_forced(pass, element_size, batch, state, limits,
+                       KernelOccupancy<float>(device, limits), true, forced);
   } else {
     // float16 and bfloat16 share a plan: their kernels have the same shared
     // memory and launch bounds, and a plan needs one block a multiprocessor,
     // which the launch bounds guarantee in registers.
-    plan = plan_sequence(pass, element_size, batch, state, limits,
-                         KernelOccupancy<BFloat16>(device, limits));
+    plan = plan_forced(pass, element_size, batch, state, limits,
+                       KernelOccupancy<BFloat16>(device, limits), true, forced);
   }
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
@@ -543,7 +568,7 @@ std::string sequence_path(int device, int element_size, int64_t batch, int64_t s
   std::string text, error;
   std::thread([&] {
     try {
-      if (plan_reads_device(element_size, batch, state)) {
+      if (plan_reads_device(forced_plan(), element_size, batch, state)) {
         const cudaError_t selected = select_device(device);
         if (selected != cudaSuccess) fail_cuda("selecting the GPU", selected);
       }
