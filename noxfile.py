@@ -237,6 +237,7 @@ SANITIZED_CUDA_HOST_TESTS = [
     "tests/test_cuda_persistent.py",
     "tests/test_cuda_persistent_16_bit.py",
     "tests/test_cuda_persistent_whole_gpu.py",
+    "tests/test_cuda_persistent_forced.py",
     "tests/test_cuda_work.py",
     "tests/test_cuda_inference.py",
     "tests/test_fuzz.py",

@@ -277,7 +277,10 @@ def cuda_variant() -> dict:
             "csrc/cuda/lltm_cuda.cu",
             "csrc/cuda/lltm_cuda_sequence_forward.cu",
             "csrc/cuda/lltm_cuda_sequence_backward.cu",
-            "csrc/cuda/lltm_cuda_persistent.cu",
+            "csrc/cuda/lltm_cuda_persistent_planning.cu",
+            "csrc/cuda/lltm_cuda_persistent_launch.cu",
+            "csrc/cuda/lltm_cuda_persistent_forward_entry.cu",
+            "csrc/cuda/lltm_cuda_persistent_backward_entry.cu",
             "csrc/cuda/lltm_cuda_library_exports.cpp",
         ],
         # USE_CUDA exposes the CUDA part of torch's C shim (current stream).

@@ -1,8 +1,9 @@
 // The persistent kernels of the sequence op: one launch runs every step of
 // the recurrence, forward (lltm_cuda_persistent_forward.cuh) or backward
 // (lltm_cuda_persistent_backward.cuh); the plan that sizes them:
-// lltm_cuda_persistent_plan.h; the launchers: lltm_cuda_persistent.cu. This
-// file holds what both passes share.
+// lltm_cuda_persistent_plan.h; the launchers: lltm_cuda_persistent_launch.cuh,
+// lltm_cuda_persistent_{forward,backward}_entry.cu. This file holds what
+// both passes share.
 //
 // The grid is (blocks_per_group, groups). Block (b, g) owns the state units
 // [b units_per_block, (b + 1) units_per_block) of the batch rows

@@ -1,5 +1,6 @@
 // The persistent sequence kernels as the sequence ops call them
-// (lltm_cuda_persistent.cu), and the rule they follow as diagnostics show it.
+// (lltm_cuda_persistent_{forward,backward}_entry.cu, the plan:
+// lltm_cuda_persistent_planning.cu), and the rule they follow as diagnostics show it.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

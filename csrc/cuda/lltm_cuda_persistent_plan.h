@@ -43,6 +43,11 @@
 // tile height: 8 batch rows, an instruction's, for the tensor cores; 1 or 4
 // rows of a thread's tile for the CUDA cores.
 //
+// LLTM_CUDA_PLAN forces a plan the rule considers (ForcedPlan below): a
+// mode, a number of waves, the products on the CUDA cores. A forced plan
+// that does not fit the device and sizes gives way to the rule's, and the
+// plan says so (describe()).
+//
 // Plain C++ (no CUDA types): lltm_cuda_library_exports.cpp, compiled by the
 // host compiler, and the tests' emulated GPU see the same rule.
 #pragma once
@@ -144,9 +149,88 @@ struct SequencePlan {
   SharedLayout layout;  // bytes
   int64_t shared_bytes = 0;
   std::string reason;  // per-step: why
+  // The setting that forced this plan ("LLTM_CUDA_PLAN=..."), or empty.
+  std::string forced_by;
+  // Where a forced plan does not fit: "LLTM_CUDA_PLAN=... does not fit:
+  // why", and this plan is the rule's.
+  std::string fallback;
 
   bool persistent() const { return path != SequencePath::kPerStep; }
 };
+
+// A plan forced by LLTM_CUDA_PLAN: comma-separated words, at most one mode
+// (per-step, clusters, cooperative: h in shared memory, cooperative-global-h:
+// the forward's products read h in global memory; the backward never copies
+// h, so it runs cooperative), waves=N (the batch in N launches, N from 1 to
+// kMaxWaves; 1: the whole batch at once) and cuda-cores (16-bit products on
+// the CUDA cores rather than the tensor cores). What it leaves out is the
+// rule's. Unset, empty or "auto": the rule.
+enum class ForcedMode { kRule, kPerStep, kClusters, kCooperative, kCooperativeGlobalH };
+
+struct ForcedPlan {
+  ForcedMode mode = ForcedMode::kRule;
+  int waves = 0;  // 0: the rule's
+  bool cuda_cores = false;
+  std::string setting;  // "LLTM_CUDA_PLAN=<value>"; empty where nothing is forced
+
+  bool forced() const { return !setting.empty(); }
+};
+
+constexpr const char* kPlanVariable = "LLTM_CUDA_PLAN";
+constexpr const char* kPlanChoices =
+    "per-step, clusters, cooperative or cooperative-global-h, and/or waves=N (N from 1 to 4) "
+    "and cuda-cores, comma-separated (e.g. cooperative,waves=2)";
+
+// `value` parsed into `plan`; the error's message where it is not a plan
+// (empty where it is).
+inline std::string parse_forced_plan(const std::string& value, ForcedPlan& plan) {
+  plan = ForcedPlan{};
+  const std::string setting = std::string(kPlanVariable) + "=" + value;
+  const std::string error = setting + " is not a plan of lltm's persistent sequence kernels; use " +
+                            kPlanChoices + ", or unset it for the rule's plan";
+  if (value.empty() || value == "auto") return "";
+  bool moded = false, waved = false, cored = false;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = value.find(',', begin);
+    const std::string word =
+        value.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    ForcedMode mode = ForcedMode::kRule;
+    if (word == "per-step") {
+      mode = ForcedMode::kPerStep;
+    } else if (word == "clusters") {
+      mode = ForcedMode::kClusters;
+    } else if (word == "cooperative") {
+      mode = ForcedMode::kCooperative;
+    } else if (word == "cooperative-global-h") {
+      mode = ForcedMode::kCooperativeGlobalH;
+    } else if (word == "auto") {
+      mode = ForcedMode::kRule;
+    } else if (word.size() == 7 && word.compare(0, 6, "waves=") == 0 && word[6] >= '1' &&
+               word[6] < '1' + kMaxWaves && !waved) {
+      plan.waves = word[6] - '0';
+      waved = true;
+      if (end == std::string::npos) break;
+      begin = end + 1;
+      continue;
+    } else if (word == "cuda-cores" && !cored) {
+      plan.cuda_cores = cored = true;
+      if (end == std::string::npos) break;
+      begin = end + 1;
+      continue;
+    } else {
+      return error;
+    }
+    if (moded) return error;  // two modes
+    moded = true;
+    plan.mode = mode;
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  if (plan.mode == ForcedMode::kPerStep && (plan.waves != 0 || plan.cuda_cores)) return error;
+  plan.setting = setting;
+  return "";
+}
 
 inline int64_t plan_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -276,6 +360,10 @@ inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_si
   return p;
 }
 
+inline std::string count(int64_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
 inline std::string kib(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
@@ -292,7 +380,7 @@ inline std::string kib(int64_t bytes) {
 template <typename Fits>
 SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, int64_t batch,
                        int64_t state, const DeviceLimits& device, const int* sizes, int count,
-                       bool prefer_fewer, bool h_from_global, const Fits& fits) {
+                       bool prefer_fewer, bool h_from_global, bool tensor_cores, const Fits& fits) {
   SequencePlan best;
   int64_t tried[32] = {};
   int tried_count = 0;
@@ -310,9 +398,9 @@ SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, i
     // plan fits: the first that fits has the most blocks for this P.
     for (int64_t rows = plan_ceil_div(batch, most_groups); rows <= batch; ++rows) {
       if (rows > 1 && plan_ceil_div(batch, rows) == plan_ceil_div(batch, rows - 1)) continue;
-      const SequencePlan p = plan_of(
-          pass, path, element_size, batch, state, static_cast<int>(blocks), rows,
-          device.shared_per_block, tensor_core_products(element_size, device.major), h_from_global);
+      const SequencePlan p =
+          plan_of(pass, path, element_size, batch, state, static_cast<int>(blocks), rows,
+                  device.shared_per_block, tensor_cores, h_from_global);
       if (p.threads == 0) break;                            // more rows: more pairs
       if (p.shared_bytes > device.shared_per_block) break;  // more rows need more
       if (!fits(p)) continue;
@@ -333,13 +421,17 @@ SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, i
 constexpr const char* kNothingFits = "no split fits on chip with every block running at once";
 
 // The rule for the whole batch in one launch. `enabled` is false where
-// LLTM_CUDA_PERSISTENT=0.
+// LLTM_CUDA_PERSISTENT=0; `forced` restricts the modes and products tried.
 inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t batch, int64_t state,
                                   const DeviceLimits& device, const Occupancy& occupancy,
-                                  bool enabled) {
+                                  bool enabled, const ForcedPlan& forced = {}) {
   SequencePlan none;
   if (!enabled) {
     none.reason = "LLTM_CUDA_PERSISTENT=0";
+    return none;
+  }
+  if (forced.mode == ForcedMode::kPerStep) {
+    none.reason = forced.setting;
     return none;
   }
   if (!persistent_element_size(element_size)) {
@@ -354,13 +446,19 @@ inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t b
     none.reason = "the device reports no multiprocessor";
     return none;
   }
+  const bool tensor_cores = tensor_core_products(element_size, device.major) && !forced.cuda_cores;
+  const bool has_clusters = device.clusters && device.major >= 9;
+  const bool try_clusters =
+      forced.mode == ForcedMode::kRule || forced.mode == ForcedMode::kClusters;
+  const bool try_cooperative = forced.mode != ForcedMode::kClusters;
   // Clusters: sm_90 and later, P up to 8 (16 where the calculator takes it),
   // every group's cluster running at once.
-  if (device.clusters && device.major >= 9) {
+  if (has_clusters && try_clusters) {
     static constexpr int kSizes[] = {16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1};
     SequencePlan p = best_plan(
         pass, SequencePath::kCluster, element_size, batch, state, device, kSizes, 16,
-        /*prefer_fewer=*/false, /*h_from_global=*/false, [&](const SequencePlan& plan) {
+        /*prefer_fewer=*/false, /*h_from_global=*/false, tensor_cores,
+        [&](const SequencePlan& plan) {
           return occupancy.active_clusters(pass, plan.tile_rows, plan.blocks, plan.groups,
                                            plan.threads, plan.shared_bytes) >= plan.groups;
         });
@@ -369,7 +467,7 @@ inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t b
   // A cooperative grid: every block running at once; in the forward, where
   // no block holds both its slice of W_h and the group's h, with h read in
   // global memory.
-  if (device.cooperative) {
+  if (device.cooperative && try_cooperative) {
     static constexpr int kSizes[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
     const auto fits = [&](const SequencePlan& plan) {
       const int per_multiprocessor = occupancy.blocks_per_multiprocessor(
@@ -379,13 +477,30 @@ inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t b
     };
     for (const bool h_from_global : {false, true}) {
       if (h_from_global && pass != SequencePass::kForward) break;
-      SequencePlan p = best_plan(pass, SequencePath::kCooperative, element_size, batch, state,
-                                 device, kSizes, 11, /*prefer_fewer=*/true, h_from_global, fits);
+      // Forced: h in shared memory (cooperative; and the backward, which
+      // never copies h), or read in global memory (the forward only).
+      if (forced.mode == ForcedMode::kCooperative && h_from_global) break;
+      if (forced.mode == ForcedMode::kCooperativeGlobalH && pass == SequencePass::kForward &&
+          !h_from_global) {
+        continue;
+      }
+      SequencePlan p =
+          best_plan(pass, SequencePath::kCooperative, element_size, batch, state, device, kSizes,
+                    11, /*prefer_fewer=*/true, h_from_global, tensor_cores, fits);
       if (p.persistent()) return p;
     }
   }
-  if (!device.cooperative && !(device.clusters && device.major >= 9)) {
+  if (!device.cooperative && !has_clusters) {
     none.reason = "the device has neither cooperative nor cluster launches";
+    return none;
+  }
+  if (try_clusters && !try_cooperative && !has_clusters) {
+    none.reason = "the device has no cluster launches (they need compute capability 9.0, it has " +
+                  std::to_string(device.major) + "." + std::to_string(device.minor) + ")";
+    return none;
+  }
+  if (try_cooperative && !try_clusters && !device.cooperative) {
+    none.reason = "the device has no cooperative launches";
     return none;
   }
   // Why nothing fits: the smallest slice of W_h a block could hold.
@@ -405,8 +520,24 @@ inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t b
 // one-launch rule's reason).
 inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t batch, int64_t state,
                                   const DeviceLimits& device, const Occupancy& occupancy,
-                                  bool enabled = true) {
-  SequencePlan whole = plan_one_wave(pass, element_size, batch, state, device, occupancy, enabled);
+                                  bool enabled = true, const ForcedPlan& forced = {}) {
+  if (forced.waves > 0 && batch > 0) {
+    // Forced waves: that many launches, each of as many rows.
+    const int64_t rows = plan_ceil_div(batch, forced.waves);
+    SequencePlan part =
+        plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled, forced);
+    part.wave_rows = rows;
+    if (part.persistent()) {
+      part.waves = static_cast<int>(plan_ceil_div(batch, rows));
+    } else if (part.reason.rfind(kNothingFits, 0) == 0) {
+      part.reason.insert(std::string(kNothingFits).size(),
+                         ", " + count(plan_ceil_div(batch, rows), "wave", "waves") + " of " +
+                             count(rows, "batch row", "batch rows"));
+    }
+    return part;
+  }
+  SequencePlan whole =
+      plan_one_wave(pass, element_size, batch, state, device, occupancy, enabled, forced);
   whole.wave_rows = batch;
   if (whole.persistent() || whole.reason.rfind(kNothingFits, 0) != 0) return whole;
   int64_t tried_rows = batch;
@@ -414,7 +545,8 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
     const int64_t rows = plan_ceil_div(batch, waves);
     if (rows == tried_rows) continue;
     tried_rows = rows;
-    SequencePlan part = plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled);
+    SequencePlan part =
+        plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled, forced);
     if (!part.persistent()) continue;
     part.waves = static_cast<int>(plan_ceil_div(batch, rows));
     part.wave_rows = rows;
@@ -425,12 +557,30 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
   return whole;
 }
 
-inline std::string count(int64_t n, const char* one, const char* many) {
-  return std::to_string(n) + " " + (n == 1 ? one : many);
+// The plan with LLTM_CUDA_PLAN's `forced` (nothing forced: plan_sequence).
+// A forced plan that does not fit gives way to the rule's, which then
+// carries why (`fallback`); LLTM_CUDA_PERSISTENT=0 comes first.
+inline SequencePlan plan_forced(SequencePass pass, int element_size, int64_t batch, int64_t state,
+                                const DeviceLimits& device, const Occupancy& occupancy,
+                                bool enabled, const ForcedPlan& forced) {
+  if (!forced.forced() || !enabled) {
+    return plan_sequence(pass, element_size, batch, state, device, occupancy, enabled);
+  }
+  SequencePlan plan =
+      plan_sequence(pass, element_size, batch, state, device, occupancy, enabled, forced);
+  if (forced.mode == ForcedMode::kPerStep) return plan;  // its reason says so
+  if (plan.persistent()) {
+    plan.forced_by = forced.setting;
+    return plan;
+  }
+  SequencePlan rule = plan_sequence(pass, element_size, batch, state, device, occupancy, enabled);
+  // Reasons that no plan can escape (an empty batch) are the rule's own.
+  if (!rule.persistent() && rule.reason == plan.reason) return rule;
+  rule.fallback = forced.setting + " does not fit: " + plan.reason;
+  return rule;
 }
 
-// One line: how a call runs.
-inline std::string describe(const SequencePlan& p) {
+inline std::string describe_plan(const SequencePlan& p) {
   if (!p.persistent()) return "per-step (" + p.reason + ")";
   return std::string(p.path == SequencePath::kCluster ? "persistent, clusters: "
                                                       : "persistent, cooperative grid: ") +
@@ -442,7 +592,14 @@ inline std::string describe(const SequencePlan& p) {
          (p.h_from_global ? ", h read from global memory" : "") +
          (p.waves > 1 ? ", " + std::to_string(p.waves) + " waves of " +
                             count(p.wave_rows, "batch row", "batch rows")
-                      : "");
+                      : "") +
+         (p.forced_by.empty() ? "" : " (forced by " + p.forced_by + ")");
+}
+
+// One line: how a call runs.
+inline std::string describe(const SequencePlan& p) {
+  const std::string plan = describe_plan(p);
+  return p.fallback.empty() ? plan : p.fallback + "; the rule's plan: " + plan;
 }
 
 }  // namespace lltm::cuda

@@ -235,7 +235,8 @@ def sequence_path(index: int, dtype: torch.dtype, batch: int, state: int) -> dic
     ``{"forward": ..., "backward": ...}``: the persistent kernels' mode and
     split, or the per-step path and why (the rule of
     csrc/cuda/lltm_cuda_persistent_plan.h, as the plugin answers it for that
-    device now; ``LLTM_CUDA_PERSISTENT=0`` included). None where the plugin
+    device now; ``LLTM_CUDA_PERSISTENT=0`` and a plan forced by ``LLTM_CUDA_PLAN``,
+    or why it gave way to the rule's, included). None where the plugin
     is not loaded or predates that rule. Creates that device's context.
     """
     native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
