@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import NoReturn, overload
 
 import torch
@@ -339,36 +340,12 @@ class LLTMSequence(torch.nn.Module):
             batch = data.shape[1]
         h_0, c_0 = self._initial_state(state, data, batch, batched, sorted_indices)
 
-        layer_input = data
-        h_n: list[Tensor] = []
-        c_n: list[Tensor] = []
-        for layer in range(self.num_layers):
-            outputs = []
-            for direction in range(self.directions):
-                index = layer * self.directions + direction
-                weights_name, bias_name = self._parameter_names[index]
-                output, h, c = ops.sequence(
-                    layer_input,
-                    getattr(self, weights_name),
-                    getattr(self, bias_name),  # None with bias=False
-                    # select(): the view h_0[index] makes, without Python
-                    # indexing's parsing of the index on every call.
-                    h_0.select(0, index),
-                    c_0.select(0, index),
-                    batch_sizes,
-                    direction == 1,
-                )
-                outputs.append(output)
-                h_n.append(h)
-                c_n.append(c)
-            layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                layer_input = F.dropout(layer_input, self.dropout, training=True)
+        def run(
+            x: Tensor, w: Tensor, b: Tensor | None, h: Tensor, c: Tensor, reverse: bool
+        ) -> tuple[Tensor, Tensor, Tensor]:
+            return ops.sequence(x, w, b, h, c, batch_sizes, reverse)
 
-        if len(h_n) == 1:  # a view, not a copy, in the common case
-            final_h, final_c = h_n[0].unsqueeze(0), c_n[0].unsqueeze(0)
-        else:
-            final_h, final_c = torch.stack(h_n), torch.stack(c_n)
+        layer_input, (final_h, final_c) = self._layers(data, h_0, c_0, run)
         if packed:
             if unsorted_indices is not None:
                 final_h = final_h.index_select(1, unsorted_indices)
@@ -400,6 +377,27 @@ class LLTMSequence(torch.nn.Module):
             output, _ = pad_packed_sequence(packed_output, total_length=steps)
             return (output.transpose(0, 1) if self.batch_first else output), final
         h_0, c_0 = self._initial_state(state, data, batch, True, None)
+
+        def run(
+            x: Tensor, w: Tensor, b: Tensor | None, h: Tensor, c: Tensor, reverse: bool
+        ) -> tuple[Tensor, Tensor, Tensor]:
+            return _lengths.traced_direction(x, w, b, h, c, lengths, reverse)
+
+        output, final = self._layers(data, h_0, c_0, run)
+        return (output.transpose(0, 1) if self.batch_first else output), final
+
+    def _layers(
+        self,
+        data: Tensor,
+        h_0: Tensor,
+        c_0: Tensor,
+        run: Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, bool], tuple[Tensor, ...]],
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Every layer and direction over ``data``: ``(output, (h_n, c_n))``.
+
+        ``run(input, weights, bias, h_0, c_0, reverse)`` is one layer's
+        direction: ``(output, h_n, c_n)``.
+        """
         layer_input = data
         h_n: list[Tensor] = []
         c_n: list[Tensor] = []
@@ -408,13 +406,14 @@ class LLTMSequence(torch.nn.Module):
             for direction in range(self.directions):
                 index = layer * self.directions + direction
                 weights_name, bias_name = self._parameter_names[index]
-                output, h, c = _lengths.traced_direction(
+                output, h, c = run(
                     layer_input,
                     getattr(self, weights_name),
-                    getattr(self, bias_name),
+                    getattr(self, bias_name),  # None with bias=False
+                    # select(): the view h_0[index] makes, without Python
+                    # indexing's parsing of the index on every call.
                     h_0.select(0, index),
                     c_0.select(0, index),
-                    lengths,
                     direction == 1,
                 )
                 outputs.append(output)
@@ -423,8 +422,9 @@ class LLTMSequence(torch.nn.Module):
             layer_input = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 layer_input = F.dropout(layer_input, self.dropout, training=True)
-        output = layer_input.transpose(0, 1) if self.batch_first else layer_input
-        return output, (torch.stack(h_n), torch.stack(c_n))
+        if len(h_n) == 1:  # a view, not a copy, in the common case
+            return layer_input, (h_n[0].unsqueeze(0), c_n[0].unsqueeze(0))
+        return layer_input, (torch.stack(h_n), torch.stack(c_n))
 
     def _initial_state(
         self,
