@@ -35,27 +35,37 @@ LLTM_LIBRARY(m) {
       "Tensor? grad_old_h, Tensor? grad_old_cell)");
 
   // The cell over a whole sequence (padded or packed), in one call.
+  //
+  // allow_tf32 (the sequence operators): float32's matrix products may run on
+  // TF32 tensor cores (inputs rounded to 10-bit mantissas, float32 sums and
+  // state), as torch's own float32 matrix products may under
+  // torch.set_float32_matmul_precision("high"). The library cannot ask torch
+  // for that setting, so the caller passes it (src/lltm/ops/precision.py),
+  // and a graph compiled or exported under one setting keeps it. Backends
+  // without TF32 (the CPU) compute exact float32 either way; other dtypes
+  // ignore it.
   m.def(
       "sequence_forward(Tensor input, Tensor weights, Tensor? bias, Tensor old_h, "
-      "Tensor old_cell, Tensor? batch_sizes, bool reverse) -> "
+      "Tensor old_cell, Tensor? batch_sizes, bool reverse, bool allow_tf32=False) -> "
       "(Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
   // sequence_forward's outputs alone, when nothing will differentiate the call:
   // no gates or cells, which only the backward reads.
   m.def(
       "sequence_inference(Tensor input, Tensor weights, Tensor? bias, Tensor old_h, "
-      "Tensor old_cell, Tensor? batch_sizes, bool reverse) -> "
+      "Tensor old_cell, Tensor? batch_sizes, bool reverse, bool allow_tf32=False) -> "
       "(Tensor output, Tensor h_n, Tensor c_n)");
   // Backpropagation through time: the gradients of sequence_forward.
   m.def(
       "sequence_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
       "Tensor output, Tensor gates, Tensor cells, Tensor input, Tensor weights, "
-      "Tensor old_h, Tensor? batch_sizes, bool reverse, bool[5] output_mask) -> "
+      "Tensor old_h, Tensor? batch_sizes, bool reverse, bool[5] output_mask, "
+      "bool allow_tf32=False) -> "
       "(Tensor? grad_input, Tensor? grad_weights, Tensor? grad_bias, "
       "Tensor? grad_old_h, Tensor? grad_old_cell)");
   // Backpropagation through time alone: every step's gate gradients.
   m.def(
       "sequence_gate_grads(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
       "Tensor output, Tensor gates, Tensor cells, Tensor input, Tensor weights, "
-      "Tensor old_h, Tensor? batch_sizes, bool reverse) -> "
+      "Tensor old_h, Tensor? batch_sizes, bool reverse, bool allow_tf32=False) -> "
       "(Tensor grad_gates, Tensor grad_old_h, Tensor grad_old_cell)");
 }

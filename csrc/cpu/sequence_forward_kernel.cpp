@@ -283,7 +283,7 @@ SequenceResults run_sequence(const Tensor& input, const Tensor& weights,
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
-    std::optional<Tensor> batch_sizes, bool reverse) {
+    std::optional<Tensor> batch_sizes, bool reverse, bool /*allow_tf32: the CPU has no TF32*/) {
   SequenceResults r = run_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
                                    /*keep_for_backward=*/true);
   return {r.output, r.h_n, r.c_n, r.gates, r.cells};
@@ -293,7 +293,7 @@ std::tuple<Tensor, Tensor, Tensor> sequence_inference(Tensor input, Tensor weigh
                                                       std::optional<Tensor> bias, Tensor old_h,
                                                       Tensor old_cell,
                                                       std::optional<Tensor> batch_sizes,
-                                                      bool reverse) {
+                                                      bool reverse, bool /*allow_tf32*/) {
   SequenceResults r = run_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
                                    /*keep_for_backward=*/false);
   return {r.output, r.h_n, r.c_n};

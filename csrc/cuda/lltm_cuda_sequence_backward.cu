@@ -182,7 +182,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                         std::optional<Tensor> grad_c_n, Tensor output, Tensor gates, Tensor cells,
                         Tensor input, Tensor weights, Tensor old_h,
                         std::optional<Tensor> batch_sizes, bool reverse,
-                        std::vector<bool> output_mask) {
+                        std::vector<bool> output_mask, bool /*allow_tf32*/) {
   const SequenceSizes n = check_sequence_backward_args(
       grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
   const GradMask want = check_output_mask(output_mask);
@@ -209,10 +209,13 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
           want.old_cell ? std::optional<Tensor>(through_time.grad_c) : std::nullopt};
 }
 
-std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(
-    std::optional<Tensor> grad_output, std::optional<Tensor> grad_h_n,
-    std::optional<Tensor> grad_c_n, Tensor output, Tensor gates, Tensor cells, Tensor input,
-    Tensor weights, Tensor old_h, std::optional<Tensor> batch_sizes, bool reverse) {
+std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(std::optional<Tensor> grad_output,
+                                                       std::optional<Tensor> grad_h_n,
+                                                       std::optional<Tensor> grad_c_n,
+                                                       Tensor output, Tensor gates, Tensor cells,
+                                                       Tensor input, Tensor weights, Tensor old_h,
+                                                       std::optional<Tensor> batch_sizes,
+                                                       bool reverse, bool /*allow_tf32*/) {
   const SequenceSizes n = check_sequence_backward_args(
       grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);

@@ -250,7 +250,7 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
-    std::optional<Tensor> batch_sizes, bool reverse) {
+    std::optional<Tensor> batch_sizes, bool reverse, bool /*allow_tf32*/) {
   ForwardResults r = forward_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
                                       /*training=*/true);
   return {r.output, r.h_n, r.c_n, *r.gates, *r.cells};
@@ -260,7 +260,7 @@ std::tuple<Tensor, Tensor, Tensor> sequence_inference(Tensor input, Tensor weigh
                                                       std::optional<Tensor> bias, Tensor old_h,
                                                       Tensor old_cell,
                                                       std::optional<Tensor> batch_sizes,
-                                                      bool reverse) {
+                                                      bool reverse, bool /*allow_tf32*/) {
   ForwardResults r = forward_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
                                       /*training=*/false);
   return {r.output, r.h_n, r.c_n};

@@ -48,23 +48,27 @@ class SequenceFunction(_probes.FunctionBase):
         old_cell: Tensor,
         batch_sizes: Tensor | None,
         reverse: bool,
+        allow_tf32: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Runs the kernels, below the autograd key."""
         with _probes.below_autograd():
             return _sequence_forward_kernels(
-                input, weights, bias, old_h, old_cell, batch_sizes, reverse
+                input, weights, bias, old_h, old_cell, batch_sizes, reverse, allow_tf32
             )
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
         """Saves the inputs and activations for backward and jvp."""
-        *tensors, reverse = inputs  # input, weights, bias, old_h, old_cell, batch_sizes
+        tensors = inputs[:6]  # input, weights, bias, old_h, old_cell, batch_sizes
+        reverse = inputs[6]
         out, _h_n, _c_n, gates, cells = output
         ctx.mark_non_differentiable(gates, cells)
         ctx.save_for_backward(*tensors, out, gates, cells)
         if dispatch.tangents_possible():
             ctx.save_for_forward(*tensors, out, gates, cells)
         ctx.reverse = reverse
+        # The backward's products in the forward's precision.
+        ctx.allow_tf32 = bool(inputs[7]) if len(inputs) > 7 else False
         ctx.set_materialize_grads(False)
 
     @staticmethod
@@ -90,11 +94,11 @@ class SequenceFunction(_probes.FunctionBase):
         grad_output, grad_h_n, grad_c_n, _grad_gates, _grad_cells = grads
         args = (
             grad_output, grad_h_n, grad_c_n, *saved, input, weights, old_h, batch_sizes,
-            ctx.reverse, list(ctx.needs_input_grad[:5]),
+            ctx.reverse, list(ctx.needs_input_grad[:5]), ctx.allow_tf32,
         )  # fmt: skip
         if recomputed:
-            return (*composite.sequence_backward(*args), None, None)
-        return (*dispatch.call_backward(sequence_backward, *args), None, None)
+            return (*composite.sequence_backward(*args), None, None, None)
+        return (*dispatch.call_backward(sequence_backward, *args), None, None, None)
 
     @staticmethod
     def jvp(ctx: Any, *input_tangents: Tensor | None) -> tuple[Tensor | None, ...]:

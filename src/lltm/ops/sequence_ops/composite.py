@@ -106,6 +106,7 @@ def sequence_forward(
     old_cell: Tensor,
     batch_sizes: Tensor | None,
     reverse: bool,
+    allow_tf32: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """lltm::sequence_forward: (output, h_n, c_n, gates, cells), a step at a time."""
     n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
@@ -214,7 +215,7 @@ def sequence_gate_grads(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
     Returns every step's gate gradients, laid out like ``gates``, and the
     gradients of old_h and old_cell.
     """
-    named = SequenceBackwardArgs(*args)
+    named = SequenceBackwardArgs(*args[:11])
     n = check_sequence_backward_args(named)
     grad_output, grad_h_n, grad_c_n, _output, gates, cells, input, weights, old_h = named[:9]
     batch_sizes, reverse = named.batch_sizes, named.reverse

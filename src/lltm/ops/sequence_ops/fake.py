@@ -44,6 +44,7 @@ def sequence_forward(
     old_cell: Tensor,
     batch_sizes: Tensor | None,
     reverse: bool,
+    allow_tf32: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """lltm::sequence_forward's outputs: output, h_n, c_n, gates and cells."""
     n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes)
@@ -80,7 +81,7 @@ def sequence_backward(*args: Any) -> tuple[Tensor | None, ...]:
 
 def sequence_gate_grads(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
     """lltm::sequence_gate_grads's outputs: every step's gate gradients, those of the state."""
-    named = SequenceBackwardArgs(*args)
+    named = SequenceBackwardArgs(*args[:11])
     n = check_sequence_backward_args(named)
     return (
         _sequence_layout(named.input, n, 3 * n.state),
@@ -138,6 +139,6 @@ def sequence_backward_flops(*args: Any, **_: Any) -> int:
 
 def sequence_gate_grads_flops(*args: Any, **_: Any) -> int:
     """lltm::sequence_gate_grads's FLOPs."""
-    named = SequenceBackwardArgs(*args)
+    named = SequenceBackwardArgs(*args[:11])
     rows, _f, s = sizes(named.input, named.old_h)
     return _step_products(rows, s)

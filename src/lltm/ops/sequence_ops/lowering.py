@@ -56,6 +56,7 @@ def sequence_forward(
     old_cell: Tensor,
     batch_sizes: Tensor | None,
     reverse: bool,
+    allow_tf32: bool = False,
 ) -> Outputs:
     """``lltm::sequence_forward`` in core ATen: (output, h_n, c_n, gates, cells).
 

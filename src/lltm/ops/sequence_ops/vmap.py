@@ -38,7 +38,7 @@ def sequence_inference(info: Any, in_dims: InDims, *args: Any) -> Batched:
 
 def _forward_rule(op: Any, info: Any, in_dims: InDims, args: tuple[Any, ...]) -> Batched:
     """The forward operators' rule: one call of ``op``, the vmapped dimension in the batch."""
-    input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim, sizes_dim, _ = in_dims
+    input_dim, weights_dim, bias_dim, old_h_dim, old_cell_dim, sizes_dim = in_dims[:6]
     if (
         weights_dim is not None
         or bias_dim is not None
@@ -46,7 +46,7 @@ def _forward_rule(op: Any, info: Any, in_dims: InDims, args: tuple[Any, ...]) ->
         or not samples_are_matrices(args, in_dims)
     ):
         return per_index(op, info.batch_size, in_dims, args)
-    input, weights, bias, old_h, old_cell, batch_sizes, reverse = args
+    input, weights, bias, old_h, old_cell, batch_sizes, reverse, *precision = args
     size = info.batch_size
     outputs = op(
         fold(input, input_dim, size),
@@ -56,6 +56,7 @@ def _forward_rule(op: Any, info: Any, in_dims: InDims, args: tuple[Any, ...]) ->
         fold(old_cell, old_cell_dim, size),
         None if batch_sizes is None else batch_sizes * size,
         reverse,
+        *precision,
     )
     return unfolded(outputs, size)
 
@@ -99,7 +100,7 @@ def sequence_gate_grads(info: Any, in_dims: InDims, *args: Any) -> Batched:
     if not _one_call_serves(args, in_dims):
         return per_index(sequence_gate_grads_op, size, in_dims, args)
     folded, _, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
-    return unfolded(sequence_gate_grads_op(*folded, batch_sizes, args[10]), size)
+    return unfolded(sequence_gate_grads_op(*folded, batch_sizes, *args[10:]), size)
 
 
 def sequence_backward(info: Any, in_dims: InDims, *args: Any) -> Batched:
@@ -107,12 +108,15 @@ def sequence_backward(info: Any, in_dims: InDims, *args: Any) -> Batched:
     size = info.batch_size
     if not _one_call_serves(args, in_dims):
         return per_index(sequence_backward_op, size, in_dims, args)
-    reverse, output_mask = args[10], args[11]
+    reverse, output_mask, precision = args[10], args[11], args[12:]
     folded, weights, batch_sizes = _fold_sequence_backward_args(size, in_dims, args)
     _, want_weights, want_bias, _, _ = output_mask
     if not want_weights and not want_bias:
-        return unfolded(sequence_backward_op(*folded, batch_sizes, reverse, output_mask), size)
-    return _per_sample_parameter_grads(size, folded, weights, batch_sizes, reverse, output_mask)
+        grads = sequence_backward_op(*folded, batch_sizes, reverse, output_mask, *precision)
+        return unfolded(grads, size)
+    return _per_sample_parameter_grads(
+        size, folded, weights, batch_sizes, reverse, output_mask, *precision
+    )
 
 
 def _per_sample_parameter_grads(
@@ -122,6 +126,7 @@ def _per_sample_parameter_grads(
     batch_sizes: Tensor | None,
     reverse: bool,
     output_mask: list[bool],
+    allow_tf32: bool = False,
 ) -> Batched:
     """sequence_backward's gradients for each of ``size`` samples folded into one batch.
 
@@ -130,7 +135,9 @@ def _per_sample_parameter_grads(
     bias gradient as one sum over its rows).
     """
     want_input, want_weights, want_bias, want_old_h, want_old_cell = output_mask
-    d_gates, grad_old_h, grad_old_cell = sequence_gate_grads_op(*folded, batch_sizes, reverse)
+    d_gates, grad_old_h, grad_old_cell = sequence_gate_grads_op(
+        *folded, batch_sizes, reverse, allow_tf32
+    )
     output, input, old_h = folded[3], folded[6], folded[8]
     n = check_sequence_backward_args(SequenceBackwardArgs(*folded, batch_sizes, reverse))
     d_rows = as_rows(d_gates, n)  # (rows * size, 3S), the sample innermost
