@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,9 +37,11 @@ def sequence_oracle(
     batch_sizes: Tensor | None = None,
     reverse: bool = False,
     cells: list[Tensor] | None = None,
+    cell: Callable[..., tuple[Tensor, Tensor]] = reference.lltm_cell,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(output, h_n, c_n) of the reference cell over a sequence; every step's
-    new_cell is appended to ``cells`` where one is given.
+    """(output, h_n, c_n) of the reference cell (or ``cell``, of the same
+    arguments) over a sequence; every step's new_cell is appended to
+    ``cells`` where one is given.
 
     Padded: input (steps, batch, features), every step on the whole batch.
     Packed: input (rows, features) with a PackedSequence's batch_sizes; step t
@@ -61,7 +64,7 @@ def sequence_oracle(
     order = range(len(sizes) - 1, -1, -1) if reverse else range(len(sizes))
     for t in order:
         n = sizes[t]
-        new_h, new_cell = reference.lltm_cell(step_input(t), weights, bias, h[:n], c[:n])
+        new_h, new_cell = cell(step_input(t), weights, bias, h[:n], c[:n])
         outputs[t] = new_h
         if cells is not None:
             cells.append(new_cell.detach())

@@ -19,7 +19,8 @@
 // projections (one GEMM before the launch); (2) the matvec h_prev W_h^T of
 // the block's (row, unit) pairs, each dot product split across `dot_split`
 // threads along the state (16-bit dtypes from sm_80 on: on the tensor
-// cores, a warp per 16 x 8 tile, lltm_cuda_tensor_cores.cuh); (3) the cell's pointwise step
+// cores, a warp per 16 x 8 tile, lltm_cuda_tensor_cores.cuh; float32 too,
+// in TF32, where the call allows it); (3) the cell's pointwise step
 // (lltm_cuda_math.cuh, as the per-step kernels), by the thread owning the
 // pair, which writes gates, output and cells (sequence_inference: output
 // alone); (4) the exchange of the new h
@@ -45,8 +46,8 @@
 // every step, and loads their inputs of the next step while the current one
 // runs, so that no step waits on global memory for them.
 //
-// No atomics, spin-waits or warp shuffles: barriers, and in 16 bits the
-// tensor cores' mma.sync (a warp-collective instruction), which the host
+// No atomics, spin-waits or warp shuffles: barriers, and in 16 bits (TF32:
+// float32) the tensor cores' mma.sync (a warp-collective instruction), which the host
 // build's emulated GPU runs as they are.
 #pragma once
 
@@ -87,6 +88,20 @@ inline constexpr bool kKernelLaunchable =
     kTileRows != kTensorCoreTileRows;
 #else
     true;
+#endif
+
+// Whether the kernel of T and tile height kTileRows carries float32's
+// product on the TF32 tensor cores, which the plan switches on at run time
+// (its tf32; the kernels' `tf32`): the float32 kernel of tile height 1, where
+// the device code is for sm_80 and later. A switch rather than a kernel of
+// its own: one kernel less to compile and to keep within the registers, and
+// the tensor-core plan's blocks need nothing that kernel lacks.
+template <typename T, int kTileRows>
+inline constexpr bool kTf32Switch =
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    false;
+#else
+    std::is_same_v<T, float> && kTileRows == 1;
 #endif
 
 }  // namespace lltm::cuda::persistent
@@ -336,11 +351,13 @@ __device__ __forceinline__ bool pair_is_active(const ThreadPairs& pairs, int j, 
 // shared memory, row gate * U + u (`pitch` apart) holding row
 // gate * S + first_unit + u of W_h: zero past the state and for units the
 // block does not have (the group's last block may have fewer), so that the
-// matvecs may read whole vectors.
+// matvecs may read whole vectors. With `tf32` (float32's products in TF32)
+// rounded to TF32 as loaded: the tensor-core product reads them so every
+// step, and nothing else reads the slice.
 template <typename T>
 __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSlice& slice,
                                                   const T* weights, int64_t row_stride,
-                                                  int64_t column_stride) {
+                                                  int64_t column_stride, bool tf32) {
   const int count = 3 * slice.units_per_block * slice.pitch;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     const int row = i / slice.pitch;           // gate * U + unit
@@ -348,15 +365,19 @@ __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSl
     const int gate = row / slice.units_per_block;
     const int unit = row - gate * slice.units_per_block;
     const bool present = unit < slice.own_units && column < slice.state_size;
-    weight_slice[i] =
+    T value =
         present
             ? weights[(int64_t(gate) * slice.state_size + slice.first_unit + unit) * row_stride +
                       column * column_stride]
             : T(0);
+    if constexpr (std::is_same_v<T, float>) {
+      if (tf32) value = round_to_tf32(value);
+    }
+    weight_slice[i] = value;
   }
 }
 
-// load_weight_slice, and for the tensor-core kernels (kTensorCores) a word
+// load_weight_slice, and for the 16-bit tensor-core kernels (kTensorCores) a word
 // of the block's shared memory, returned, that is raised where the slice
 // holds a non-finite value; read it after the block's next barrier. Such a
 // block takes the CUDA cores' product (a low term of zero times an
@@ -367,14 +388,14 @@ __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSl
 template <bool kTensorCores, typename T>
 __device__ __forceinline__ const unsigned* load_weight_slice_flagged(
     T* weight_slice, const BlockSlice& slice, const SharedLayout& layout, const T* weights,
-    int64_t row_stride, int64_t column_stride) {
+    int64_t row_stride, int64_t column_stride, bool tf32) {
   unsigned* flag = nullptr;
   if constexpr (kTensorCores) {
     flag = reinterpret_cast<unsigned*>(dynamic_shared_memory() + layout.flags);
     if (threadIdx.x == 0) *flag = 0;
     __syncthreads();
   }
-  load_weight_slice(weight_slice, slice, weights, row_stride, column_stride);
+  load_weight_slice(weight_slice, slice, weights, row_stride, column_stride, tf32);
   if constexpr (kTensorCores) {
     const int count = 3 * slice.units_per_block * slice.pitch;
     bool finite = true;

@@ -25,17 +25,18 @@ using torch::stable::Tensor;
 // them as the steps go), in 16 bits in float32. False, with nothing written,
 // where the plan takes the per-step path or the GPU refuses the launch as
 // too large (busy, MPS): the caller then runs the per-step path. h0 and c0
-// are dense.
+// are dense. `tf32`: float32's recurrent products on the TF32 tensor cores
+// where the plan takes the tensor cores (tf32_products).
 bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule,
                                  const Tensor& projection, Tensor* gates, Tensor& output,
                                  Tensor* cells, Tensor& h_n, Tensor& c_n, const Tensor& weights,
-                                 const Tensor& h0, const Tensor& c0);
+                                 const Tensor& h0, const Tensor& c0, bool tf32);
 
 // Whether the plan takes such a call's forward to the persistent kernel (the
 // GPU may still refuse the launch): 16-bit calls compute its float32
 // projection only then.
 bool persistent_sequence_forward_planned(const SequenceSizes& n, const Schedule& schedule,
-                                         const Tensor& like);
+                                         const Tensor& like, bool tf32);
 
 // Backpropagation through time in one launch: d_gates of every step, the
 // gradient of old_cell into grad_c and, when grad_h is given, of old_h. The
@@ -49,6 +50,14 @@ bool persistent_sequence_backward(const SequenceSizes& n, const Schedule& schedu
                                   const std::optional<Tensor>& grad_h_n,
                                   const std::optional<Tensor>& grad_c_n, const Tensor& gates,
                                   const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                                  Tensor* grad_h, Tensor& grad_c, std::optional<Tensor>* bias_sums);
+                                  Tensor* grad_h, Tensor& grad_c, std::optional<Tensor>* bias_sums,
+                                  bool tf32);
+
+// Whether a call of `like`'s dtype and device runs float32's recurrent
+// products in TF32: float32 calls that allow it (allow_tf32: torch allows
+// TF32 for float32 matrix products) on GPUs of compute capability 8.0 and
+// later, where TF32 exists, in the persistent kernels and on the per-step
+// path alike, so that an op is TF32 throughout or not at all.
+bool tf32_products(bool allow_tf32, const Tensor& like);
 
 }  // namespace lltm::cuda

@@ -4,7 +4,7 @@
 // functions below, the forward's steps last first: load_step_inputs (of the
 // next step, while this one runs), gate_gradients (the pointwise math, the
 // writes), send_h_gradient_shares (the matvec with W_h, each unit's share
-// sent to the block owning it; in 16 bits on sm_80 and later
+// sent to the block owning it; in 16 bits, and float32 in TF32, on sm_80 and later
 // send_h_gradient_shares_tensor_cores), then the barrier and
 // sum_h_gradient_shares (the carried gradient of h).
 //
@@ -66,6 +66,9 @@ struct BackwardArgs {
   // The batch rows this launch runs, [rows_begin, rows_end): the plan's
   // wave (persistent_plan.h); its groups split them.
   int64_t rows_begin, rows_end;
+  // float32: the products on the TF32 tensor cores (the plan's tf32; the
+  // kernel of tile height 1, kTf32Switch); else false.
+  bool tf32;
   SharedLayout layout;
   bool reverse;
   Steps steps;
@@ -292,7 +295,7 @@ __device__ __forceinline__ void send_h_gradient_shares(const BackwardArgs<T>& ar
 // The same shares on the tensor cores (lltm_cuda_tensor_cores.cuh): W_h's
 // slice transposed (every unit of the state by the slice's 3U rows) times
 // the step's gate gradients of the active rows. Plans of
-// kTensorCoreTileRows, 16-bit dtypes only.
+// kTensorCoreTileRows: 16-bit dtypes, and float32 in TF32.
 template <typename T, typename Exchange>
 __device__ __forceinline__ void send_h_gradient_shares_tensor_cores(const BackwardArgs<T>& args,
                                                                     const BackwardShared<T>& shared,
@@ -377,14 +380,15 @@ __device__ __forceinline__ void run_backward(const BackwardArgs<T>& args) {
                                        args.units_per_block, args.rows_per_group, args.pitch);
   const BackwardShared<T> shared = backward_shared<T>(args.layout, slice);
   constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
-  const unsigned* non_finite_weights =
-      load_weight_slice_flagged<kTensorCores>(shared.weight_slice, slice, args.layout, args.weights,
-                                              args.weights_row_stride, args.weights_column_stride);
+  const unsigned* non_finite_weights = load_weight_slice_flagged<kTensorCores>(
+      shared.weight_slice, slice, args.layout, args.weights, args.weights_row_stride,
+      args.weights_column_stride, kTf32Switch<T, kTileRows> && args.tf32);
   load_final_gradients(args, shared, slice);
   const ThreadPairs pairs = pairs_of_thread(slice);
   Exchange::start();
   // Block-uniform: every warp of the block takes the same product.
-  const bool tensor_cores = kTensorCores && *non_finite_weights == 0;
+  const bool tensor_cores =
+      kTensorCores ? *non_finite_weights == 0 : kTf32Switch<T, kTileRows> && args.tf32;
 
   const int64_t step_count = args.steps.step_count;
   const bool ascending = args.reverse;  // the forward's steps, last first
@@ -411,7 +415,7 @@ __device__ __forceinline__ void run_backward(const BackwardArgs<T>& args) {
     // Two buffers of shares, used in turn: a block may send the next step's
     // while another still sums this step's.
     const int parity = int(k & 1);
-    if constexpr (kTensorCores) {
+    if constexpr (kTensorCores || kTf32Switch<T, kTileRows>) {
       if (tensor_cores) {
         send_h_gradient_shares_tensor_cores<T, Exchange>(args, shared, slice, block, active,
                                                          parity);

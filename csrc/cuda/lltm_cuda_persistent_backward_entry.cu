@@ -12,6 +12,8 @@ using persistent::BackwardArgs;
 template <typename T>
 using BackwardKernel = void (*)(BackwardArgs<T>);
 
+// The kernel of a plan's mode and tile height, as forward_kernel picks it
+// (float32's tensor-core plans: the kernel of 1 row).
 template <typename T>
 BackwardKernel<T> backward_kernel(SequencePath path, int tile_rows) {
   using persistent::sequence_backward_kernel;
@@ -90,6 +92,7 @@ bool backward_launch(const SequencePlan& plan, const SequenceSizes& n, const Ste
   args.units_per_block = plan.units;
   args.rows_per_group = plan.group_rows;
   args.pitch = plan.pitch;
+  args.tf32 = plan.tf32;
   args.layout = plan.layout;
   args.reverse = reverse;
   args.steps = steps;
@@ -123,12 +126,12 @@ bool persistent_sequence_backward(const SequenceSizes& n, const Schedule& schedu
                                   const std::optional<Tensor>& grad_h_n,
                                   const std::optional<Tensor>& grad_c_n, const Tensor& gates,
                                   const Tensor& cells, const Tensor& weights, Tensor& d_gates,
-                                  Tensor* grad_h, Tensor& grad_c,
-                                  std::optional<Tensor>* bias_sums) {
+                                  Tensor* grad_h, Tensor& grad_c, std::optional<Tensor>* bias_sums,
+                                  bool tf32) {
   const int element_size = element_size_of(gates);
   const int device = gates.get_device_index();
   const SequencePlan plan =
-      plan_for(SequencePass::kBackward, device, element_size, n.batch, n.state);
+      plan_for(SequencePass::kBackward, device, element_size, n.batch, n.state, tf32);
   if (!plan.persistent()) return false;
   const std::optional<Steps> steps = steps_of(schedule, n.rows);
   if (!steps) return false;

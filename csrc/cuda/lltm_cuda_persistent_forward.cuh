@@ -1,7 +1,7 @@
 // The persistent forward kernel: every step of sequence_forward's recurrence
 // in one launch (the scheme: lltm_cuda_persistent.cuh). A step, in the
 // functions below: load_step_inputs (of the next step, while this one runs),
-// recurrent_matvec (h_prev W_h^T; in 16 bits on sm_80 and later
+// recurrent_matvec (h_prev W_h^T; in 16 bits, and float32 in TF32, on sm_80 and later
 // recurrent_matvec_tensor_cores), cell_step (the pointwise math, the
 // writes), exchange_h (the new h to every block of the group).
 //
@@ -73,6 +73,9 @@ struct ForwardArgs {
   // wave (persistent_plan.h); its groups split them.
   int64_t rows_begin, rows_end;
   int32_t dot_split;  // threads sharing one dot product of the matvec
+  // float32: the products on the TF32 tensor cores (the plan's tf32; the
+  // kernel of tile height 1, kTf32Switch); else false.
+  bool tf32;
   SharedLayout layout;
   bool reverse;
   Steps steps;
@@ -253,7 +256,8 @@ __device__ __forceinline__ void recurrent_matvec(const ForwardShared<T>& shared,
 // The same partial sums on the tensor cores (lltm_cuda_tensor_cores.cuh):
 // the slice's 3U rows of W_h times h_prev (the step's active rows, as
 // recurrent_matvec reads them), the state split `dot_split` ways along the
-// instructions' steps. Plans of kTensorCoreTileRows, 16-bit dtypes only.
+// instructions' steps. Plans of kTensorCoreTileRows: 16-bit dtypes, and
+// float32 in TF32.
 template <typename T, bool kFromGlobal = false>
 __device__ __forceinline__ void recurrent_matvec_tensor_cores(const ForwardShared<T>& shared,
                                                               const float* h_prev, int64_t h_stride,
@@ -278,14 +282,21 @@ __device__ __forceinline__ void recurrent_matvec_tensor_cores(const ForwardShare
 }
 
 // The step's partial sums: on the tensor cores where the plan takes them
-// (kTileRows) and the block's slice of W_h is finite (`tensor_cores`), else
-// on the CUDA cores.
+// (`tensor_cores`: in 16 bits kTileRows, where the block's slice of W_h is
+// finite; float32 in TF32), else on the CUDA cores.
 template <typename T, int kTileRows, bool kFromGlobal>
 __device__ __forceinline__ void recurrent_products(const ForwardShared<T>& shared,
                                                    const acc_t<T>* h_prev, int64_t h_stride,
                                                    const BlockSlice& slice, int active,
                                                    int dot_split, bool tensor_cores) {
-  if constexpr (kTileRows == kTensorCoreTileRows) {
+  if constexpr (kTf32Switch<T, kTileRows>) {
+    if (tensor_cores) {
+      recurrent_matvec_tensor_cores<T, kFromGlobal>(shared, h_prev, h_stride, slice, active,
+                                                    dot_split);
+    } else {
+      recurrent_matvec<T, 1, kFromGlobal>(shared, h_prev, h_stride, slice, active, dot_split);
+    }
+  } else if constexpr (kTileRows == kTensorCoreTileRows) {
     if (tensor_cores) {
       recurrent_matvec_tensor_cores<T, kFromGlobal>(shared, h_prev, h_stride, slice, active,
                                                     dot_split);
@@ -429,9 +440,9 @@ __device__ __forceinline__ void run_forward(const ForwardArgs<T>& args) {
                   args.units_per_block, args.rows_per_group, args.pitch);
   const ForwardShared<T> shared = forward_shared<T>(args.layout, slice);
   constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
-  const unsigned* non_finite_weights =
-      load_weight_slice_flagged<kTensorCores>(shared.weight_slice, slice, args.layout, args.weights,
-                                              args.weights_row_stride, args.weights_column_stride);
+  const unsigned* non_finite_weights = load_weight_slice_flagged<kTensorCores>(
+      shared.weight_slice, slice, args.layout, args.weights, args.weights_row_stride,
+      args.weights_column_stride, kTf32Switch<T, kTileRows> && args.tf32);
   load_initial_state<T, Exchange>(args, shared, slice);
   const ThreadPairs pairs = pairs_of_thread(slice);
   // h0 in h_exchange is every block's: the grid barrier.
@@ -442,7 +453,8 @@ __device__ __forceinline__ void run_forward(const ForwardArgs<T>& args) {
     Exchange::start();
   }
   // Block-uniform: every warp of the block takes the same product.
-  const bool tensor_cores = kTensorCores && *non_finite_weights == 0;
+  const bool tensor_cores =
+      kTensorCores ? *non_finite_weights == 0 : kTf32Switch<T, kTileRows> && args.tf32;
 
   const int64_t step_count = args.steps.step_count;
   const bool ascending = !args.reverse;

@@ -13,7 +13,9 @@ template <typename T>
 using ForwardKernel = void (*)(ForwardArgs<T>);
 
 // The kernel of a plan's mode and tile height: 1 or 4 rows, products on the
-// CUDA cores; kTensorCoreTileRows (16-bit dtypes only), on the tensor cores.
+// CUDA cores; kTensorCoreTileRows, on the tensor cores: 16-bit dtypes' own
+// kernel, float32's (in TF32) that of 1 row, which switches to them at run
+// time (persistent::kTf32Switch).
 template <typename T>
 ForwardKernel<T> forward_kernel(SequencePath path, int tile_rows) {
   using persistent::sequence_forward_kernel;
@@ -69,6 +71,7 @@ bool forward_launch(const SequencePlan& plan, const SequenceSizes& n, const Step
   args.rows_per_group = plan.group_rows;
   args.pitch = plan.pitch;
   args.dot_split = plan.split;
+  args.tf32 = plan.tf32;
   args.layout = plan.layout;
   args.reverse = reverse;
   args.steps = steps;
@@ -98,13 +101,13 @@ int forward_active_clusters(int device, int element_size, int tile_rows, int clu
 bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedule,
                                  const Tensor& projection, Tensor* gates, Tensor& output,
                                  Tensor* cells, Tensor& h_n, Tensor& c_n, const Tensor& weights,
-                                 const Tensor& h0, const Tensor& c0) {
+                                 const Tensor& h0, const Tensor& c0, bool tf32) {
   // The plan, as every choice here, by the output: the same with or without
   // gates and cells.
   const int element_size = element_size_of(output);
   const int device = output.get_device_index();
   const SequencePlan plan =
-      plan_for(SequencePass::kForward, device, element_size, n.batch, n.state);
+      plan_for(SequencePass::kForward, device, element_size, n.batch, n.state, tf32);
   if (!plan.persistent()) return false;
   const std::optional<Steps> steps = steps_of(schedule, n.rows);
   if (!steps) return false;
@@ -115,9 +118,9 @@ bool persistent_sequence_forward(const SequenceSizes& n, const Schedule& schedul
 }
 
 bool persistent_sequence_forward_planned(const SequenceSizes& n, const Schedule& schedule,
-                                         const Tensor& like) {
+                                         const Tensor& like, bool tf32) {
   return plan_for(SequencePass::kForward, like.get_device_index(), element_size_of(like), n.batch,
-                  n.state)
+                  n.state, tf32)
              .persistent() &&
          steps_of(schedule, n.rows).has_value();
 }

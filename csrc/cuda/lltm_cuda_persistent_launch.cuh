@@ -47,8 +47,9 @@ using torch::headeronly::Half;
 // once per device; the plan for a call, remembered (LLTM_CUDA_PERSISTENT and
 // LLTM_CUDA_PLAN read at every call).
 DeviceLimits device_limits(int device);
-SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
-                      int64_t state);
+// `tf32`: float32's products may run in TF32 (tf32_products).
+SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch, int64_t state,
+                      bool tf32);
 
 // lltm_cuda_persistent_forward_entry.cu and _backward_entry.cu: the
 // occupancy calculator's answers for the kernel of a pass, mode and tile

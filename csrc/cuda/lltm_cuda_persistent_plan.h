@@ -38,10 +38,14 @@
 // The products: on GPUs of compute capability 8.0 and later the 16-bit
 // kernels run the recurrent products on the tensor cores
 // (lltm_cuda_tensor_cores.cuh: a warp per 16 x 8 tile, mma.sync m16n8k16,
-// the 8 columns batch rows); elsewhere, and for float32 and float64, each
+// the 8 columns batch rows), and so do the float32 kernels in TF32 where
+// the call allows it (`tf32`: torch allows TF32 for float32 matrix
+// products; mma.sync m16n8k8 .tf32); elsewhere, and for float64, each
 // thread sums dot products on the CUDA cores. The plan says which by its
 // tile height: 8 batch rows, an instruction's, for the tensor cores; 1 or 4
-// rows of a thread's tile for the CUDA cores.
+// rows of a thread's tile for the CUDA cores. float32's tensor-core plans
+// run in the float32 kernel of tile height 1, switched at run time (no
+// kernel of its own to compile).
 //
 // LLTM_CUDA_PLAN forces a plan the rule considers (ForcedPlan below): a
 // mode, a number of waves, the products on the CUDA cores. A forced plan
@@ -80,6 +84,9 @@ constexpr int kMaxWaves = 4;
 constexpr int kTensorCoreTileRows = 8;
 constexpr int kTensorCoreTileWeights = 16;
 constexpr int kTensorCoreInner = 16;
+// K of float32's instruction in TF32, mma.sync m16n8k8 .tf32 (M and N as
+// above).
+constexpr int kTensorCoreInnerTf32 = 8;
 // Cluster sizes: 8 is portable, 16 needs the non-portable attribute and a GPU
 // whose occupancy calculator accepts it.
 constexpr int kPortableClusterSize = 8;
@@ -116,8 +123,8 @@ class Occupancy {
 // cooperative), `scratch` (the product's partial sums, split x rows x 3U),
 // `state` (the running cell and h of the block's pairs, 2 x rows x U).
 // Plans that read h from global memory (h_from_global) have no `exchange`.
-// Tensor-core plans only: `flags` (16 bytes: whether the block's slice of
-// W_h holds a non-finite value, lltm_cuda_persistent.cuh).
+// 16-bit tensor-core plans only: `flags` (16 bytes: whether the block's
+// slice of W_h holds a non-finite value, lltm_cuda_persistent.cuh).
 // Backward: `weights` (the same rows), `exchange` (cluster mode: the partial
 // gradients of h the P blocks send, 2 x P x rows x U; cooperative: none,
 // they go through global memory), `scratch` (the step's gate gradients of
@@ -138,6 +145,8 @@ struct SequencePlan {
   // Batch rows of a thread's tile in the products: 1 or 4 on the CUDA
   // cores; kTensorCoreTileRows for a warp's tile on the tensor cores.
   int tile_rows = 1;
+  // The products on the tensor cores in TF32 (float32 only).
+  bool tf32 = false;
   int64_t pitch = 0;  // elements between rows of W_h (and of h) in shared memory
   // Forward, cooperative: the products read the group's h in global memory
   // (at L2), not from a copy in shared memory.
@@ -162,9 +171,9 @@ struct SequencePlan {
 // (per-step, clusters, cooperative: h in shared memory, cooperative-global-h:
 // the forward's products read h in global memory; the backward never copies
 // h, so it runs cooperative), waves=N (the batch in N launches, N from 1 to
-// kMaxWaves; 1: the whole batch at once) and cuda-cores (16-bit products on
-// the CUDA cores rather than the tensor cores). What it leaves out is the
-// rule's. Unset, empty or "auto": the rule.
+// kMaxWaves; 1: the whole batch at once) and cuda-cores (the products on
+// the CUDA cores rather than the tensor cores: 16-bit, and float32 in TF32).
+// What it leaves out is the rule's. Unset, empty or "auto": the rule.
 enum class ForcedMode { kRule, kPerStep, kClusters, kCooperative, kCooperativeGlobalH };
 
 struct ForcedPlan {
@@ -277,7 +286,7 @@ inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int elem
   l.scratch = l.exchange + exchange;
   l.state = l.scratch + scratch;
   l.flags = l.state + math_bytes(2 * rows * units);
-  l.total = l.flags + (tensor_cores ? 16 : 0);
+  l.total = l.flags + (tensor_cores && element_size == 2 ? 16 : 0);
   return l;
 }
 
@@ -287,8 +296,8 @@ inline SharedLayout shared_layout(SequencePass pass, SequencePath path, int elem
 // (row tile, unit, part of S), about eight 16-byte chunks of S a part;
 // backward, a thread per (row tile, 16 bytes of the state). On the tensor
 // cores (`tensor_cores`): a warp per 16 x 8 tile of the product (forward:
-// 3U x rows, in parts of about four instructions' steps along S; backward:
-// S x rows).
+// 3U x rows, in parts of about four instructions' steps along S, 16 long in
+// 16 bits, 8 in TF32; backward: S x rows).
 struct BlockShape {
   int threads = 0, split = 1, tile_rows = 1;
 };
@@ -304,7 +313,7 @@ inline BlockShape block_shape(SequencePass pass, int element_size, int64_t state
     const int64_t row_tiles = plan_ceil_div(rows, kTensorCoreTileRows);
     const int64_t weight_rows = forward ? 3 * units : state;
     tiles = 32 * row_tiles * plan_ceil_div(weight_rows, kTensorCoreTileWeights);  // a warp a tile
-    steps = plan_ceil_div(state, kTensorCoreInner);
+    steps = plan_ceil_div(state, element_size == 2 ? kTensorCoreInner : kTensorCoreInnerTf32);
     work = forward ? tiles * std::max<int64_t>(1, steps / 4) : tiles;
   } else {
     b.tile_rows = rows >= 4 ? 4 : 1;
@@ -326,9 +335,10 @@ inline BlockShape block_shape(SequencePass pass, int element_size, int64_t state
 
 // Whether the products of a plan for this device and dtype run on the
 // tensor cores: 16-bit dtypes from compute capability 8.0 on (mma.sync
-// m16n8k16 in bf16 and fp16).
-inline bool tensor_core_products(int element_size, int major) {
-  return element_size == 2 && major >= 8;
+// m16n8k16 in bf16 and fp16), and float32 there where the call allows TF32
+// (`tf32`; mma.sync m16n8k8 .tf32).
+inline bool tensor_core_products(int element_size, int major, bool tf32 = false) {
+  return (element_size == 2 || (element_size == 4 && tf32)) && major >= 8;
 }
 
 // The plan for `blocks` x `groups` blocks of the given mode; its split
@@ -347,6 +357,7 @@ inline SequencePlan plan_of(SequencePass pass, SequencePath path, int element_si
   p.threads = shape.threads;
   p.split = shape.split;
   p.tile_rows = shape.tile_rows;
+  p.tf32 = tensor_cores && element_size == 4;
   p.pitch = shared_pitch(state, element_size);
   p.path = path;
   p.h_from_global = h_from_global;
@@ -421,10 +432,11 @@ SequencePlan best_plan(SequencePass pass, SequencePath path, int element_size, i
 constexpr const char* kNothingFits = "no split fits on chip with every block running at once";
 
 // The rule for the whole batch in one launch. `enabled` is false where
-// LLTM_CUDA_PERSISTENT=0; `forced` restricts the modes and products tried.
+// LLTM_CUDA_PERSISTENT=0; `forced` restricts the modes and products tried;
+// `tf32`: the call allows float32's products in TF32.
 inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t batch, int64_t state,
                                   const DeviceLimits& device, const Occupancy& occupancy,
-                                  bool enabled, const ForcedPlan& forced = {}) {
+                                  bool enabled, const ForcedPlan& forced = {}, bool tf32 = false) {
   SequencePlan none;
   if (!enabled) {
     none.reason = "LLTM_CUDA_PERSISTENT=0";
@@ -446,7 +458,8 @@ inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t b
     none.reason = "the device reports no multiprocessor";
     return none;
   }
-  const bool tensor_cores = tensor_core_products(element_size, device.major) && !forced.cuda_cores;
+  const bool tensor_cores =
+      tensor_core_products(element_size, device.major, tf32) && !forced.cuda_cores;
   const bool has_clusters = device.clusters && device.major >= 9;
   const bool try_clusters =
       forced.mode == ForcedMode::kRule || forced.mode == ForcedMode::kClusters;
@@ -520,12 +533,13 @@ inline SequencePlan plan_one_wave(SequencePass pass, int element_size, int64_t b
 // one-launch rule's reason).
 inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t batch, int64_t state,
                                   const DeviceLimits& device, const Occupancy& occupancy,
-                                  bool enabled = true, const ForcedPlan& forced = {}) {
+                                  bool enabled = true, const ForcedPlan& forced = {},
+                                  bool tf32 = false) {
   if (forced.waves > 0 && batch > 0) {
     // Forced waves: that many launches, each of as many rows.
     const int64_t rows = plan_ceil_div(batch, forced.waves);
     SequencePlan part =
-        plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled, forced);
+        plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled, forced, tf32);
     part.wave_rows = rows;
     if (part.persistent()) {
       part.waves = static_cast<int>(plan_ceil_div(batch, rows));
@@ -537,7 +551,7 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
     return part;
   }
   SequencePlan whole =
-      plan_one_wave(pass, element_size, batch, state, device, occupancy, enabled, forced);
+      plan_one_wave(pass, element_size, batch, state, device, occupancy, enabled, forced, tf32);
   whole.wave_rows = batch;
   if (whole.persistent() || whole.reason.rfind(kNothingFits, 0) != 0) return whole;
   int64_t tried_rows = batch;
@@ -546,7 +560,7 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
     if (rows == tried_rows) continue;
     tried_rows = rows;
     SequencePlan part =
-        plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled, forced);
+        plan_one_wave(pass, element_size, rows, state, device, occupancy, enabled, forced, tf32);
     if (!part.persistent()) continue;
     part.waves = static_cast<int>(plan_ceil_div(batch, rows));
     part.wave_rows = rows;
@@ -562,18 +576,19 @@ inline SequencePlan plan_sequence(SequencePass pass, int element_size, int64_t b
 // carries why (`fallback`); LLTM_CUDA_PERSISTENT=0 comes first.
 inline SequencePlan plan_forced(SequencePass pass, int element_size, int64_t batch, int64_t state,
                                 const DeviceLimits& device, const Occupancy& occupancy,
-                                bool enabled, const ForcedPlan& forced) {
+                                bool enabled, const ForcedPlan& forced, bool tf32 = false) {
   if (!forced.forced() || !enabled) {
-    return plan_sequence(pass, element_size, batch, state, device, occupancy, enabled);
+    return plan_sequence(pass, element_size, batch, state, device, occupancy, enabled, {}, tf32);
   }
   SequencePlan plan =
-      plan_sequence(pass, element_size, batch, state, device, occupancy, enabled, forced);
+      plan_sequence(pass, element_size, batch, state, device, occupancy, enabled, forced, tf32);
   if (forced.mode == ForcedMode::kPerStep) return plan;  // its reason says so
   if (plan.persistent()) {
     plan.forced_by = forced.setting;
     return plan;
   }
-  SequencePlan rule = plan_sequence(pass, element_size, batch, state, device, occupancy, enabled);
+  SequencePlan rule =
+      plan_sequence(pass, element_size, batch, state, device, occupancy, enabled, {}, tf32);
   // Reasons that no plan can escape (an empty batch) are the rule's own.
   if (!rule.persistent() && rule.reason == plan.reason) return rule;
   rule.fallback = forced.setting + " does not fit: " + plan.reason;
@@ -588,7 +603,8 @@ inline std::string describe_plan(const SequencePlan& p) {
          count(p.units, "state unit", "state units") + ", " +
          count(p.group_rows, "batch row", "batch rows") + " a block), " +
          count(p.threads, "thread", "threads") + ", " + kib(p.shared_bytes) + " shared memory" +
-         (p.tile_rows == kTensorCoreTileRows ? ", tensor cores" : "") +
+         (p.tile_rows == kTensorCoreTileRows ? (p.tf32 ? ", TF32 tensor cores" : ", tensor cores")
+                                             : "") +
          (p.h_from_global ? ", h read from global memory" : "") +
          (p.waves > 1 ? ", " + std::to_string(p.waves) + " waves of " +
                             count(p.wave_rows, "batch row", "batch rows")

@@ -98,8 +98,9 @@ DeviceLimits device_limits(int device) {
 // The plan for a call, remembered per device, epoch, pass, element size,
 // batch, state and forced plan (the occupancy calculator is not free: a plan
 // may ask it a few dozen times).
-SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
-                      int64_t state) {
+SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch, int64_t state,
+                      bool tf32) {
+  tf32 = tf32 && element_size == 4;  // other dtypes' plans are the same either way
   const ForcedPlan forced = forced_plan();
   if (!plan_reads_device(forced, element_size, batch, state)) {
     // The reason only: no device query.
@@ -108,14 +109,14 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
       int active_clusters(SequencePass, int, int, int, int, int64_t) const override { return 0; }
     } unused;
     return plan_forced(pass, element_size, batch, state, DeviceLimits{}, unused,
-                       persistent_enabled(), forced);
+                       persistent_enabled(), forced, tf32);
   }
-  using Key = std::tuple<int, uint64_t, int, int, int64_t, int64_t, std::string>;
+  using Key = std::tuple<int, uint64_t, int, int, int64_t, int64_t, std::string, bool>;
   static std::mutex mutex;
   static std::map<Key, SequencePlan> plans;
   const int slot = device_slot(device);
   const Key key{slot,  device_epoch(), static_cast<int>(pass), element_size,
-                batch, state,          forced.setting};
+                batch, state,          forced.setting,         tf32};
   const bool cached = slot >= 0;
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
@@ -126,13 +127,18 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
   // memory and launch bounds, and a plan needs one block a multiprocessor,
   // which the launch bounds guarantee in registers.
   const SequencePlan plan = plan_forced(pass, element_size, batch, state, device_limits(device),
-                                        KernelOccupancy(device, element_size), true, forced);
+                                        KernelOccupancy(device, element_size), true, forced, tf32);
   if (cached) {
     const std::lock_guard<std::mutex> lock(mutex);
     if (plans.size() >= 4096) plans.clear();  // a bound, for programs of endless sizes
     plans.emplace(key, plan);
   }
   return plan;
+}
+
+bool tf32_products(bool allow_tf32, const Tensor& like) {
+  return allow_tf32 && like.scalar_type() == torch::headeronly::ScalarType::Float &&
+         device_limits(like.get_device_index()).major >= 8;
 }
 
 std::string sequence_path(int device, int element_size, int64_t batch, int64_t state) {
@@ -146,9 +152,11 @@ std::string sequence_path(int device, int element_size, int64_t batch, int64_t s
         if (selected != cudaSuccess) fail_cuda("selecting the GPU", selected);
       }
       text = "forward: " +
-             describe(plan_for(SequencePass::kForward, device, element_size, batch, state)) +
+             describe(plan_for(SequencePass::kForward, device, element_size, batch, state,
+                               /*tf32=*/false)) +
              "\nbackward: " +
-             describe(plan_for(SequencePass::kBackward, device, element_size, batch, state));
+             describe(plan_for(SequencePass::kBackward, device, element_size, batch, state,
+                               /*tf32=*/false));
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -23,12 +23,21 @@
 // float and double only. In 16 bits the products stay cuBLAS's: the forward
 // rounds each step's pre-activations once, with the bias, as the cell does
 // (lltm_cuda_sequence_forward.cu).
+//
+// float32 in TF32 (`tf32`, tf32_products: the call allows it on a GPU that
+// has it): each input of a product rounded to TF32 as it is read, the sums
+// in float32, as the persistent kernels' tensor-core products compute in
+// TF32, so that the per-step path of such a call is TF32 too. Where these
+// products go to cuBLAS (torch's addmm), cuBLAS follows torch's own
+// setting (torch.backends.cuda.matmul) at the time of the call, the very
+// setting the Python layer reads for allow_tf32 in eager mode.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
@@ -49,10 +58,19 @@ constexpr int64_t kRecurrentProductThreads = 128;
 // out[i, j] = (accumulate ? out[i, j] : 0) + sum_k a[i, k] * b[k, j], rows of
 // each matrix ld* elements apart, columns adjacent. Grid-stride over the
 // output's elements; offsets are 64-bit.
-template <typename T>
+// With kTf32 (float only) each of a's and b's elements rounded to TF32.
+template <typename T, bool kTf32 = false>
 __global__ void recurrent_product_kernel(T* out, int64_t ldo, const T* a, int64_t lda, const T* b,
                                          int64_t ldb, int64_t rows, int64_t cols, int64_t inner,
                                          bool accumulate) {
+  static_assert(!kTf32 || std::is_same_v<T, float>, "TF32: float32 only");
+  const auto in = [](T v) {
+    if constexpr (kTf32) {
+      return round_to_tf32(v);
+    } else {
+      return v;
+    }
+  };
   const int64_t count = rows * cols;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += stride) {
@@ -64,12 +82,12 @@ __global__ void recurrent_product_kernel(T* out, int64_t ldo, const T* a, int64_
     T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int64_t k = 0;
     for (; k + 4 <= inner; k += 4) {
-      s0 += a_row[k] * b_col[k * ldb];
-      s1 += a_row[k + 1] * b_col[(k + 1) * ldb];
-      s2 += a_row[k + 2] * b_col[(k + 2) * ldb];
-      s3 += a_row[k + 3] * b_col[(k + 3) * ldb];
+      s0 += in(a_row[k]) * in(b_col[k * ldb]);
+      s1 += in(a_row[k + 1]) * in(b_col[(k + 1) * ldb]);
+      s2 += in(a_row[k + 2]) * in(b_col[(k + 2) * ldb]);
+      s3 += in(a_row[k + 3]) * in(b_col[(k + 3) * ldb]);
     }
-    for (; k < inner; ++k) s0 += a_row[k] * b_col[k * ldb];
+    for (; k < inner; ++k) s0 += in(a_row[k]) * in(b_col[k * ldb]);
     const T sum = (s0 + s1) + (s2 + s3);
     T* o = out + i * ldo + j;
     *o = accumulate ? *o + sum : sum;
@@ -84,9 +102,11 @@ inline bool own_recurrent_product(const Tensor& like, int64_t rows, int64_t cols
 }
 
 // out = (accumulate ? out : 0) + a @ b on the current stream: the kernel above
-// where own_recurrent_product says so and every matrix has adjacent columns,
-// else cuBLAS (torch's addmm).
-inline void recurrent_product(Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+// where own_recurrent_product says so and every matrix has adjacent columns
+// (`tf32`: float32 in TF32), else cuBLAS (torch's addmm, TF32 as torch's
+// setting says).
+inline void recurrent_product(Tensor& out, const Tensor& a, const Tensor& b, bool accumulate,
+                              bool tf32) {
   const int64_t rows = a.size(0);
   const int64_t inner = a.size(1);
   const int64_t cols = b.size(1);
@@ -109,6 +129,10 @@ inline void recurrent_product(Tensor& out, const Tensor& a, const Tensor& b, boo
     error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
         out.mutable_data_ptr<double>(), out.stride(0), a.const_data_ptr<double>(), a.stride(0),
         b.const_data_ptr<double>(), b.stride(0), rows, cols, inner, accumulate);
+  } else if (tf32) {
+    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float, true>)(
+        out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),
+        b.const_data_ptr<float>(), b.stride(0), rows, cols, inner, accumulate);
   } else {
     error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
         out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),

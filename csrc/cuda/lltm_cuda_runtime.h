@@ -18,11 +18,21 @@
 #include <torch/csrc/stable/library.h>
 
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace lltm::cuda {
 // Devices whose answers are remembered (lltm_cuda_device_cache.h).
 constexpr int kDeviceSlots = 64;
+
+// The TF32 bits of a float32 x: its significand rounded to 10 bits, to
+// nearest with ties away from zero, as cvt.rna.tf32.f32 rounds (the device's
+// round_to_tf32 below), the 13 bits dropped left zero. Finite values past
+// TF32's largest round to infinity; infinities and NaN are kept as they are
+// (clearing a NaN's low bits could make it an infinity).
+constexpr uint32_t tf32_bits(uint32_t x) {
+  return (x & 0x7f800000u) == 0x7f800000u ? x : (x + 0x1000u) & 0xffffe000u;
+}
 }  // namespace lltm::cuda
 
 #ifdef LLTM_CUDA_HOST
@@ -56,6 +66,19 @@ inline void warp_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint3
   ::lltm::cuda_host::mma_m16n8k16(
       kBFloat16 ? ::lltm::cuda_host::MmaInput::kBFloat16 : ::lltm::cuda_host::MmaInput::kFloat16, d,
       a, &b, 1);
+}
+// The warp's mma.sync m16n8k8 .tf32 (see the nvcc build's below), on the
+// emulated GPU's tensor cores.
+inline void warp_mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  ::lltm::cuda_host::mma_m16n8k8_tf32(d, a, b);
+}
+// x rounded to TF32 (tf32_bits), a float32 whose low 13 bits are zero.
+inline float round_to_tf32(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits = tf32_bits(bits);
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
 }
 template <bool kBFloat16>
 inline void warp_mma_m16n8k16_pair(float (&d)[4], const uint32_t (&a)[4],
@@ -187,6 +210,41 @@ __device__ __forceinline__ void warp_mma_m16n8k16_pair(float (&d)[4], const uint
                                                        const uint32_t (&second)[2]) {
   warp_mma_m16n8k16<kBFloat16>(d, a, first);
   warp_mma_m16n8k16<kBFloat16>(d, a, second);
+}
+
+// d = A B + d on the tensor cores in TF32: the warp's
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, A 16 x 8 and B 8 x 8
+// of TF32 values in 32-bit registers, one element a register (fragments:
+// lltm_cuda_tensor_cores.cuh). lltm passes values already rounded
+// (round_to_tf32): what the instruction does with the low 13 bits of an
+// operand is not lltm's to rely on. From sm_80 on, as m16n8k16.
+__device__ __forceinline__ void warp_mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                                      const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  __trap();
+#endif
+}
+
+// x rounded to TF32 (tf32_bits): cvt.rna.tf32.f32 from sm_80 on, whose
+// result leaves the 13 dropped bits unspecified, so they are cleared here.
+// Below sm_80 (where no plan takes TF32) the same rounding in integer
+// arithmetic.
+__device__ __forceinline__ float round_to_tf32(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t bits;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
+  return x != x ? x : __uint_as_float(bits & 0xffffe000u);
+#else
+  return __uint_as_float(tf32_bits(__float_as_uint(x)));
+#endif
 }
 #endif
 }  // namespace lltm::cuda

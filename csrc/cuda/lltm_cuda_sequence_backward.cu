@@ -87,7 +87,9 @@ void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tenso
 // `gates`, and as (rows, 3S)), the gradients of old_h and old_cell (the
 // running gradients of the state after the first step run) and, when
 // wanted, grad_bias. Without want_old_h the first step's product with W_h,
-// which only gives grad_old_h, is skipped.
+// which only gives grad_old_h, is skipped. `allow_tf32`: the products with
+// W_h in TF32 where tf32_products says so (the GEMMs of the weight and
+// input gradients are cuBLAS's, which follow torch's setting at the call).
 struct ThroughTime {
   Tensor d_gates, d_gate_rows, grad_h, grad_c;
   std::optional<Tensor> grad_bias;
@@ -98,8 +100,9 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
                                   const std::optional<Tensor>& grad_h_n,
                                   const std::optional<Tensor>& grad_c_n, const Tensor& gates,
                                   const Tensor& cells, const Tensor& input, const Tensor& weights,
-                                  bool want_bias, bool want_old_h) {
+                                  bool want_bias, bool want_old_h, bool allow_tf32) {
   const int64_t S = n.state;
+  const bool tf32 = tf32_products(allow_tf32, input);
   const Tensor gates_rows = as_rows(dense(gates), n, 3 * S);
   const Tensor cells_rows = as_rows(dense(cells), n, S);
   Tensor d_gates = new_sequence_tensor(input, n, 3 * S);
@@ -112,7 +115,7 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
   if (persistent_sequence_backward(n, schedule, grad_output, grad_h_n, grad_c_n, gates_rows,
                                    cells_rows, weights, d_gates,
                                    want_old_h ? &result.grad_h : nullptr, result.grad_c,
-                                   want_bias ? &persistent_bias_sums : nullptr)) {
+                                   want_bias ? &persistent_bias_sums : nullptr, tf32)) {
     if (want_bias) {
       result.grad_bias = persistent_bias_sums
                              ? rounded_like(column_sums(*persistent_bias_sums), input)
@@ -166,7 +169,7 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
       addmm_out(*bias_sums, *bias_sums, column_block(*ones, 0, size, false),
                 row_block(*d_gates_math, 0, size), 1.0);
     }
-    if (k > 0 || want_old_h) recurrent_product(dh, dg, w_h, /*accumulate=*/false);
+    if (k > 0 || want_old_h) recurrent_product(dh, dg, w_h, /*accumulate=*/false, tf32);
   }
   if (want_bias) {
     result.grad_bias =
@@ -182,7 +185,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
                         std::optional<Tensor> grad_c_n, Tensor output, Tensor gates, Tensor cells,
                         Tensor input, Tensor weights, Tensor old_h,
                         std::optional<Tensor> batch_sizes, bool reverse,
-                        std::vector<bool> output_mask, bool /*allow_tf32*/) {
+                        std::vector<bool> output_mask, bool allow_tf32) {
   const SequenceSizes n = check_sequence_backward_args(
       grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
   const GradMask want = check_output_mask(output_mask);
@@ -191,7 +194,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   const int64_t S = n.state;
   ThroughTime through_time =
       backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
-                            weights, want.bias, want.old_h);
+                            weights, want.bias, want.old_h, allow_tf32);
   const Tensor& d_gates = through_time.d_gate_rows;
 
   std::optional<Tensor> grad_input, grad_weights;
@@ -215,14 +218,14 @@ std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(std::optional<Tensor> gra
                                                        Tensor output, Tensor gates, Tensor cells,
                                                        Tensor input, Tensor weights, Tensor old_h,
                                                        std::optional<Tensor> batch_sizes,
-                                                       bool reverse, bool /*allow_tf32*/) {
+                                                       bool reverse, bool allow_tf32) {
   const SequenceSizes n = check_sequence_backward_args(
       grad_output, grad_h_n, grad_c_n, output, gates, cells, input, weights, old_h, batch_sizes);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const DeviceGuard guard(input.get_device_index());
   ThroughTime through_time =
       backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
-                            weights, /*want_bias=*/false, /*want_old_h=*/true);
+                            weights, /*want_bias=*/false, /*want_old_h=*/true, allow_tf32);
   return {through_time.d_gates, through_time.grad_h, through_time.grad_c};
 }
 

@@ -99,10 +99,14 @@ struct ForwardResults {
 ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
                                 const std::optional<Tensor>& bias, const Tensor& old_h,
                                 const Tensor& old_cell, const std::optional<Tensor>& batch_sizes,
-                                bool reverse, bool training) {
+                                bool reverse, bool training, bool allow_tf32) {
   const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const DeviceGuard guard(input.get_device_index());
+  // The recurrent products in TF32 (float32 where the call allows it and the
+  // GPU has it), on whichever path runs them; the input projection's GEMM
+  // is cuBLAS's, which follows torch's setting at this call.
+  const bool tf32 = tf32_products(allow_tf32, input);
   const int64_t S = n.state;
   // In 16-bit each step runs as the cell does: [h_prev, x_t] and one GEMM
   // with the bias, so the pre-activations are rounded once and step t is
@@ -138,10 +142,10 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
   // for lltm's own kernel at small sizes (lltm_cuda_recurrent.cuh).
   Tensor w_h_rows = w_h_transposed;
   if (one_gemm_per_step) {
-    if (persistent_sequence_forward_planned(n, schedule, input)) {
+    if (persistent_sequence_forward_planned(n, schedule, input, tf32)) {
       const Tensor projection = float_projection(x, weights, bias, n);
       if (persistent_sequence_forward(n, schedule, projection, gates_out, output, cells_out, h_n,
-                                      c_n, weights, h0, c0)) {
+                                      c_n, weights, h0, c0, tf32)) {
         return {output, h_n, c_n, gates, cells};
       }
     }
@@ -161,7 +165,7 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
       linear_out(*gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)));
     }
     if (persistent_sequence_forward(n, schedule, *gates, gates_out, output, cells_out, h_n, c_n,
-                                    weights, h0, c0)) {
+                                    weights, h0, c0, tf32)) {
       return {output, h_n, c_n, gates, cells};
     }
     if (own_recurrent_product(input, n.batch, 3 * S, S)) {
@@ -201,7 +205,7 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
       previous_state_blocks(schedule, k, output_rows, h0,
                             [&](int64_t first, int64_t count, const Tensor& h_prev) {
                               Tensor g = step_gates(start, first, count);
-                              recurrent_product(g, h_prev, w_h_rows, /*accumulate=*/true);
+                              recurrent_product(g, h_prev, w_h_rows, /*accumulate=*/true, tf32);
                             });
     }
     // The new cell: into `cells` (training), else over the running cell in
@@ -250,9 +254,9 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
-    std::optional<Tensor> batch_sizes, bool reverse, bool /*allow_tf32*/) {
+    std::optional<Tensor> batch_sizes, bool reverse, bool allow_tf32) {
   ForwardResults r = forward_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
-                                      /*training=*/true);
+                                      /*training=*/true, allow_tf32);
   return {r.output, r.h_n, r.c_n, *r.gates, *r.cells};
 }
 
@@ -260,9 +264,9 @@ std::tuple<Tensor, Tensor, Tensor> sequence_inference(Tensor input, Tensor weigh
                                                       std::optional<Tensor> bias, Tensor old_h,
                                                       Tensor old_cell,
                                                       std::optional<Tensor> batch_sizes,
-                                                      bool reverse, bool /*allow_tf32*/) {
+                                                      bool reverse, bool allow_tf32) {
   ForwardResults r = forward_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
-                                      /*training=*/false);
+                                      /*training=*/false, allow_tf32);
   return {r.output, r.h_n, r.c_n};
 }
 

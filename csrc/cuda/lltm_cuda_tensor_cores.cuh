@@ -1,5 +1,6 @@
 // A block's product on the tensor cores, for the persistent kernels' 16-bit
-// recurrence (lltm_cuda_persistent_forward.cuh, _backward.cuh):
+// recurrence, and float32's in TF32 (below) (lltm_cuda_persistent_forward.cuh,
+// _backward.cuh):
 // D(m, n) = sum_k W(m, k) X(n, k), with W the block's slice of W_h in 16
 // bits (its gate rows in the forward, the state's units in the backward: M)
 // and X float32, a row per batch row (the running h, or the step's gate
@@ -26,16 +27,34 @@
 // product for a block whose slice of W_h is not all finite
 // (lltm_cuda_persistent.cuh, load_weight_slice_flagged).
 //
+// float32 in TF32 (the plan's tf32: float32 where torch allows TF32 for its
+// matrix products): W and X as float32 holding TF32 values, one term each,
+// mma.sync m16n8k8 .tf32 (warp_mma_m16n8k8_tf32) in float32 accumulators, as
+// cuBLAS's and cuDNN's TF32 run float32: a 10-bit significand for every
+// input of the product, float32 for its sums and everything else. W's slice
+// is rounded once, as the kernels load it into shared memory (it is the
+// same every step: rounding it per fragment would repeat the same cvt every
+// step); X changes every step and is rounded here, as its fragments are
+// loaded. No split into high and low terms: that would be float32's
+// accuracy again at twice the instructions, which is not what TF32 asks.
+// Nothing to guard for non-finite values either: a single term carries inf
+// and NaN as the CUDA cores' product does (rounding keeps them).
+//
 // Fragments, as the PTX ISA lays them out for m16n8k16 (lane = 4 group +
 // t): A's rows group and group + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9; B's
 // rows (k) 2t, 2t + 1, 2t + 8, 2t + 9 of column group; D's rows group and
-// group + 8, columns 2t and 2t + 1. Elements past the product's edges read
-// as zero (never memory past them), so that any size works.
+// group + 8, columns 2t and 2t + 1. For m16n8k8 .tf32, one element a
+// register: A's rows group and group + 8 at columns t and t + 4 (registers
+// 0, 1, 2, 3: (group, t), (group + 8, t), (group, t + 4), (group + 8,
+// t + 4)); B's rows t and t + 4 of column group; D as m16n8k16's. Elements
+// past the product's edges read as zero (never memory past them), so that
+// any size works.
 #pragma once
 
 #include <torch/headeronly/util/BFloat16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "lltm_cuda_persistent_plan.h"
@@ -102,6 +121,44 @@ __device__ __forceinline__ void load_b_split(const XAt& x_at, int k0, int n0, in
   }
 }
 
+// A float32's bits, as a TF32 fragment register holds it.
+__device__ __forceinline__ uint32_t tf32_register(float x) {
+  uint32_t bits;
+  static_assert(sizeof bits == sizeof x);
+  memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+// A lane's m16n8k8 .tf32 A fragment: W's tile at (m0, k0), W(m, k) =
+// w[m * m_stride + k * k_stride], already TF32 values; zero at m >= ms or
+// k >= inner.
+__device__ __forceinline__ void load_a_tf32(const float* w, int m_stride, int k_stride, int m0,
+                                            int k0, int ms, int inner, uint32_t (&fragment)[4]) {
+  const int lane = int(threadIdx.x % 32);
+  const int group = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {  // register r: row + 8 for odd r, k + 4 from r = 2
+    const int m = m0 + group + (r % 2) * 8;
+    const int k = k0 + t + (r / 2) * 4;
+    fragment[r] = tf32_register(m < ms && k < inner ? w[m * m_stride + k * k_stride] : 0.0f);
+  }
+}
+
+// A lane's m16n8k8 .tf32 B fragment: X's tile at (k0, n0), B(k, n) =
+// X(n, k) = x_at(n, k) rounded to TF32; zero at n >= ns or k >= inner
+// (x_at is not called there).
+template <typename XAt>
+__device__ __forceinline__ void load_b_tf32(const XAt& x_at, int k0, int n0, int ns, int inner,
+                                            uint32_t (&fragment)[2]) {
+  const int lane = int(threadIdx.x % 32);
+  const int n = n0 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // register r: k + 4 for r = 1
+    const int k = k0 + t + r * 4;
+    fragment[r] = tf32_register(n < ns && k < inner ? round_to_tf32(x_at(n, k)) : 0.0f);
+  }
+}
+
 // Steps whose X fragments a warp loads before it issues their instructions,
 // so that their loads are in flight together: where X is read at L2 (a plan
 // that reads h in global memory) as much as from shared memory. Two, not
@@ -109,18 +166,12 @@ __device__ __forceinline__ void load_b_split(const XAt& x_at, int k0, int n0, in
 // within its 128 registers.
 constexpr int kStepsInFlight = 2;
 
-// D(m, n) = sum_k W(m, k) X(n, k) for W(m, k) = w[m * m_stride + k *
-// k_stride] (T, ms x inner) and X(n, k) = x_at(n, k) (ns x inner, float32),
-// over the warps of the block: the inner dimension is split into `split`
-// parts (part p takes the instructions' steps p, p + split, ...), and each
-// warp takes (part, tile) items in turn, every lane of it the same ones. For
-// each element of D (m < ms, n < ns) of a part, store(part, m, n, value) is
-// called by the lane that holds it. Every thread of the block must call
-// this, the block's size a multiple of 32.
+// tensor_core_product of 16-bit W: X split in two terms (above).
 template <typename T, typename XAt, typename Store>
-__device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, int k_stride,
-                                                    const XAt& x_at, int ms, int ns, int inner,
-                                                    int split, const Store& store) {
+__device__ __forceinline__ void tensor_core_product_16_bit(const T* w, int m_stride, int k_stride,
+                                                           const XAt& x_at, int ms, int ns,
+                                                           int inner, int split,
+                                                           const Store& store) {
   static_assert(sizeof(T) == 2, "16-bit inputs");
   constexpr bool kBFloat16 = std::is_same_v<T, torch::headeronly::BFloat16>;
   const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
@@ -159,6 +210,68 @@ __device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, in
       const int n = n0 + 2 * (lane % 4) + i % 2;
       if (m < ms && n < ns) store(part, m, n, d[i]);
     }
+  }
+}
+
+// tensor_core_product in TF32: W float32 holding TF32 values.
+template <typename XAt, typename Store>
+__device__ __forceinline__ void tensor_core_product_tf32(const float* w, int m_stride, int k_stride,
+                                                         const XAt& x_at, int ms, int ns, int inner,
+                                                         int split, const Store& store) {
+  const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+  const int lane = int(threadIdx.x % 32);
+  const int m_tiles = (ms + kTensorCoreTileWeights - 1) / kTensorCoreTileWeights;
+  const int n_tiles = (ns + kTensorCoreTileRows - 1) / kTensorCoreTileRows;
+  const int steps = (inner + kTensorCoreInnerTf32 - 1) / kTensorCoreInnerTf32;
+  for (int item = warp; item < split * m_tiles * n_tiles; item += warps) {
+    const int part = item % split;
+    const int tile = item / split;
+    const int m0 = (tile % m_tiles) * kTensorCoreTileWeights;
+    const int n0 = (tile / m_tiles) * kTensorCoreTileRows;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int first = part; first < steps; first += kStepsInFlight * split) {
+      uint32_t b[kStepsInFlight][2];
+#pragma unroll
+      for (int i = 0; i < kStepsInFlight; ++i) {
+        load_b_tf32(x_at, (first + i * split) * kTensorCoreInnerTf32, n0, ns, inner, b[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kStepsInFlight; ++i) {
+        const int step = first + i * split;  // the same in every lane
+        if (step >= steps) break;
+        uint32_t a[4];
+        load_a_tf32(w, m_stride, k_stride, m0, step * kTensorCoreInnerTf32, ms, inner, a);
+        warp_mma_m16n8k8_tf32(d, a, b[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = m0 + lane / 4 + (i / 2) * 8;
+      const int n = n0 + 2 * (lane % 4) + i % 2;
+      if (m < ms && n < ns) store(part, m, n, d[i]);
+    }
+  }
+}
+
+// D(m, n) = sum_k W(m, k) X(n, k) for W(m, k) = w[m * m_stride + k *
+// k_stride] (T, ms x inner) and X(n, k) = x_at(n, k) (ns x inner, float32),
+// over the warps of the block: the inner dimension is split into `split`
+// parts (part p takes the instructions' steps p, p + split, ...), and each
+// warp takes (part, tile) items in turn, every lane of it the same ones. For
+// each element of D (m < ms, n < ns) of a part, store(part, m, n, value) is
+// called by the lane that holds it. Every thread of the block must call
+// this, the block's size a multiple of 32.
+//
+// T = float: the product in TF32 (above: W's elements TF32 values
+// already, X rounded here), the instructions' steps kTensorCoreInnerTf32 long.
+template <typename T, typename XAt, typename Store>
+__device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, int k_stride,
+                                                    const XAt& x_at, int ms, int ns, int inner,
+                                                    int split, const Store& store) {
+  if constexpr (std::is_same_v<T, float>) {
+    tensor_core_product_tf32(w, m_stride, k_stride, x_at, ms, ns, inner, split, store);
+  } else {
+    tensor_core_product_16_bit<T>(w, m_stride, k_stride, x_at, ms, ns, inner, split, store);
   }
 }
 

@@ -363,6 +363,23 @@ PyObject* calls(PyObject*, PyObject*) {
   return counts;
 }
 
+// instructions() -> {name: count}: the tensor-core instructions the kernels
+// ran so far, each warp's once (runtime/tensor_cores.h); never reset.
+PyObject* instructions(PyObject*, PyObject*) {
+  PyObject* counts = PyDict_New();
+  if (counts == nullptr) return nullptr;
+  for (const auto& [name, count] : host::instructions()) {
+    PyObject* value = PyLong_FromLongLong(count);
+    if (value == nullptr || PyDict_SetItemString(counts, name.c_str(), value) < 0) {
+      Py_XDECREF(value);
+      Py_DECREF(counts);
+      return nullptr;
+    }
+    Py_DECREF(value);
+  }
+  return counts;
+}
+
 // allocations() -> [(sizes, dtype)]: the tensors the CUDA sources allocated
 // through torch's C shim since the last call (runtime/calls.h), in order;
 // dtype is the shim's code (torch's ScalarType: 5 float16, 6 float32,
@@ -436,6 +453,12 @@ PyMethodDef methods[] = {
     {"mma", host::emulation::mma, METH_VARARGS, "mma.sync m16n8k16 of fragments laid out here."},
     {"tensor_core_product", host::emulation::tensor_core_product, METH_VARARGS,
      "lltm::cuda::tensor_core_product of a 16-bit W and a float32 X."},
+    {"mma_tf32", host::emulation::mma_tf32, METH_VARARGS,
+     "mma.sync m16n8k8 .tf32 of fragments laid out here."},
+    {"tensor_core_product_tf32", host::emulation::tensor_core_product_tf32, METH_VARARGS,
+     "lltm::cuda::tensor_core_product of a float32 W and X, in TF32."},
+    {"round_to_tf32", host::emulation::round_to_tf32, METH_VARARGS,
+     "lltm::cuda::round_to_tf32 of each element."},
     {"device_attribute", host::emulation::device_attribute, METH_VARARGS,
      "cudaDeviceGetAttribute of the emulated device."},
     {"inject", inject, METH_VARARGS, "An error a runtime call returns from now on."},
@@ -447,6 +470,8 @@ PyMethodDef methods[] = {
     {"peek_last_error", peek_last_error, METH_NOARGS, "The calling thread's last error, kept."},
     {"launches", launches, METH_NOARGS, "Kernel launches run so far."},
     {"calls", calls, METH_NOARGS, "Launches and torch shim calls run so far, by name."},
+    {"instructions", instructions, METH_NOARGS,
+     "Tensor-core instructions run so far (a warp's once), by name."},
     {"allocations", allocations, METH_NOARGS,
      "The shim's allocations since the last call: (sizes, dtype)."},
     {nullptr, nullptr, 0, nullptr},

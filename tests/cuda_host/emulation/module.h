@@ -65,6 +65,9 @@ PyObject* occupancy(PyObject*, PyObject* args);
 // tensor_core_probes.cpp
 PyObject* mma(PyObject*, PyObject* args);
 PyObject* tensor_core_product(PyObject*, PyObject* args);
+PyObject* mma_tf32(PyObject*, PyObject* args);
+PyObject* tensor_core_product_tf32(PyObject*, PyObject* args);
+PyObject* round_to_tf32(PyObject*, PyObject* args);
 PyObject* max_active_clusters(PyObject*, PyObject* args);
 PyObject* device_attribute(PyObject*, PyObject* args);
 PyObject* set_schedule(PyObject*, PyObject* args);

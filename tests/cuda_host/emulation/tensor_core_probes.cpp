@@ -55,6 +55,27 @@ __global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c,
   for (int i = 0; i < 4; ++i) d[(group + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = accumulators[i];
 }
 
+// The same for mma.sync m16n8k8 .tf32: A (16 x 8), B (8 x 8) as float32
+// bit patterns, one element a register, placed as the PTX ISA's figures
+// for m16n8k8 .tf32 show them.
+__global__ void mma_tf32_kernel(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+  const int lane = int(threadIdx.x % 32), group = lane / 4, t = lane % 4;
+  uint32_t a_registers[4], b_registers[2];
+  float accumulators[4];
+  a_registers[0] = a[group * 8 + t];
+  a_registers[1] = a[(group + 8) * 8 + t];
+  a_registers[2] = a[group * 8 + t + 4];
+  a_registers[3] = a[(group + 8) * 8 + t + 4];
+  b_registers[0] = b[t * 8 + group];
+  b_registers[1] = b[(t + 4) * 8 + group];
+  for (int i = 0; i < 4; ++i) {
+    accumulators[i] = c[(group + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
+  }
+  lltm::cuda::warp_mma_m16n8k8_tf32(accumulators, a_registers, b_registers);
+  if (threadIdx.x >= 32) return;
+  for (int i = 0; i < 4; ++i) d[(group + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = accumulators[i];
+}
+
 // lltm::cuda::tensor_core_product of W (ms x inner, 16-bit: w[m * inner + k]
 // where k_contiguous, else w[k * ms + m]) and X (ns x inner, float32, rows
 // `inner` apart); each part's D into out[(part * ms + m) * ns + n].
@@ -65,6 +86,22 @@ __global__ void tensor_core_product_kernel(const T* w, const float* x, float* ou
       w, k_contiguous ? inner : 1, k_contiguous ? 1 : ms,
       [&](int n, int k) { return x[int64_t(n) * inner + k]; }, ms, ns, inner, split,
       [&](int part, int m, int n, float value) { out[(int64_t(part) * ms + m) * ns + n] = value; });
+}
+
+// The same of a float32 W (TF32 values) and X: the product in TF32.
+__global__ void tensor_core_product_tf32_kernel(const float* w, const float* x, float* out, int ms,
+                                                int ns, int inner, int split, bool k_contiguous) {
+  lltm::cuda::tensor_core_product<float>(
+      w, k_contiguous ? inner : 1, k_contiguous ? 1 : ms,
+      [&](int n, int k) { return x[int64_t(n) * inner + k]; }, ms, ns, inner, split,
+      [&](int part, int m, int n, float value) { out[(int64_t(part) * ms + m) * ns + n] = value; });
+}
+
+// round_to_tf32 as the kernels run it.
+__global__ void round_to_tf32_kernel(const float* x, float* out, int count) {
+  for (int i = int(threadIdx.x); i < count; i += int(blockDim.x)) {
+    out[i] = lltm::cuda::round_to_tf32(x[i]);
+  }
 }
 
 }  // namespace lltm::cuda_host::probes
@@ -160,6 +197,76 @@ PyObject* tensor_core_product(PyObject*, PyObject* args) {
       return cudaLaunchKernelEx(&config, probes::tensor_core_product_kernel<Half>,
                                 reinterpret_cast<const Half*>(w.data()), x.data(), out.data(), ms,
                                 ns, inner, split, k_contiguous != 0);
+    });
+  });
+  return ok ? python_list(out) : nullptr;
+}
+
+}  // namespace lltm::cuda_host::emulation
+
+namespace lltm::cuda_host::emulation {
+
+// mma_tf32(a_bits, b_bits, c, threads) -> D (16 x 8, row-major): A 16 x 8
+// and B 8 x 8 as float32 bit patterns.
+PyObject* mma_tf32(PyObject*, PyObject* args) {
+  PyObject *a_list = nullptr, *b_list = nullptr, *c_list = nullptr;
+  unsigned threads = 32;
+  if (!PyArg_ParseTuple(args, "OOOI", &a_list, &b_list, &c_list, &threads)) return nullptr;
+  std::vector<uint32_t> a, b;
+  std::vector<float> c;
+  if (!parse_list(a_list, a) || !parse_list(b_list, b) || !parse_list(c_list, c)) return nullptr;
+  if (a.size() != 128 || b.size() != 64 || c.size() != 128) {
+    PyErr_SetString(PyExc_ValueError, "A 16 x 8, B 8 x 8, C 16 x 8");
+    return nullptr;
+  }
+  std::vector<float> d(128, -1.0f);
+  const bool ok = python_errors([&] {
+    launch_fibers("mma_tf32_kernel", threads, [&](const cudaLaunchConfig_t& config) {
+      return cudaLaunchKernelEx(&config, probes::mma_tf32_kernel, a.data(), b.data(), c.data(),
+                                d.data());
+    });
+  });
+  return ok ? python_list(d) : nullptr;
+}
+
+// tensor_core_product_tf32(w, x, ms, ns, inner, split, k_contiguous,
+// threads) -> each part's D, (split, ms, ns) flattened.
+PyObject* tensor_core_product_tf32(PyObject*, PyObject* args) {
+  PyObject *w_list = nullptr, *x_list = nullptr;
+  int ms = 0, ns = 0, inner = 0, split = 1, k_contiguous = 0;
+  unsigned threads = 128;
+  if (!PyArg_ParseTuple(args, "OOiiiipI", &w_list, &x_list, &ms, &ns, &inner, &split, &k_contiguous,
+                        &threads)) {
+    return nullptr;
+  }
+  std::vector<float> w, x;
+  if (!parse_list(w_list, w) || !parse_list(x_list, x)) return nullptr;
+  if (w.size() != std::size_t(ms) * inner || x.size() != std::size_t(ns) * inner) {
+    PyErr_SetString(PyExc_ValueError, "w: ms x inner, x: ns x inner");
+    return nullptr;
+  }
+  std::vector<float> out(std::size_t(split) * ms * ns, 0.0f);
+  const bool ok = python_errors([&] {
+    launch_fibers(
+        "tensor_core_product_tf32_kernel", threads, [&](const cudaLaunchConfig_t& config) {
+          return cudaLaunchKernelEx(&config, probes::tensor_core_product_tf32_kernel, w.data(),
+                                    x.data(), out.data(), ms, ns, inner, split, k_contiguous != 0);
+        });
+  });
+  return ok ? python_list(out) : nullptr;
+}
+
+// round_to_tf32(x) -> each element rounded as the kernels round it.
+PyObject* round_to_tf32(PyObject*, PyObject* args) {
+  PyObject* x_list = nullptr;
+  if (!PyArg_ParseTuple(args, "O", &x_list)) return nullptr;
+  std::vector<float> x;
+  if (!parse_list(x_list, x)) return nullptr;
+  std::vector<float> out(x.size(), 0.0f);
+  const bool ok = python_errors([&] {
+    launch_fibers("round_to_tf32_kernel", 32, [&](const cudaLaunchConfig_t& config) {
+      return cudaLaunchKernelEx(&config, probes::round_to_tf32_kernel, x.data(), out.data(),
+                                int(x.size()));
     });
   });
   return ok ? python_list(out) : nullptr;

@@ -1,6 +1,7 @@
 // mma.sync m16n8k16 on the emulated GPU (tensor_cores.h).
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "runtime.h"
@@ -21,7 +22,29 @@ uint16_t element(const uint32_t* registers, int i) {
   return static_cast<uint16_t>(registers[i / 2] >> (16 * (i % 2)));
 }
 
+struct Instructions {
+  std::mutex mutex;
+  std::map<std::string, int64_t> by_name;
+};
+
+Instructions& instruction_counts() {
+  static Instructions state;
+  return state;
+}
+
+void count_instruction(const char* name) {
+  Instructions& c = instruction_counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  ++c.by_name[name];
+}
+
 }  // namespace
+
+std::map<std::string, int64_t> instructions() {
+  Instructions& c = instruction_counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  return c.by_name;
+}
 
 float mma_input_value(uint16_t bits, MmaInput type) {
   if (type == MmaInput::kBFloat16) {
@@ -63,6 +86,7 @@ void mma_m16n8k16(MmaInput type, float (&d)[4], const uint32_t (&a)[4], const ui
   auto* products = reinterpret_cast<float*>(exchange.scratch + 16);  // (count, 16, 8)
   static_assert(16 + 2 * 16 * 8 * sizeof(float) <= kWarpScratchBytes);
   if (exchange.scratch[0] == 0) {
+    count_instruction(what);
     // A(row, k) is element k % 2 + 2 (row >= 8) + 4 (k >= 8) of lane
     // (row % 8) * 4 + (k % 8) / 2; B(k, col) element k % 2 + 2 (k >= 8) of
     // lane col * 4 + (k % 8) / 2.
@@ -100,6 +124,52 @@ void mma_m16n8k16(MmaInput type, float (&d)[4], const uint32_t (&a)[4], const ui
       d[i] += products[(j * 16 + group + (i >= 2 ? 8 : 0)) * 8 + 2 * t + i % 2];
     }
   }
+}
+
+float mma_tf32_value(uint32_t bits) {
+  bits &= 0xffffe000u;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const char* what = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32";
+  if (gpu().capability_major.load() < 8) {
+    fault(std::string(what) + " on a GPU of compute capability " +
+          std::to_string(gpu().capability_major.load()) + "." +
+          std::to_string(gpu().capability_minor.load()) + ": it needs 8.0");
+  }
+  Fragments mine{};
+  std::memcpy(mine.a, a, sizeof mine.a);
+  std::memcpy(mine.b[0], b, sizeof mine.b[0]);
+  const WarpExchange exchange = warp_exchange(&mine, sizeof mine, what);
+  auto* products = reinterpret_cast<float*>(exchange.scratch + 16);  // (16, 8)
+  if (exchange.scratch[0] == 0) {
+    count_instruction(what);
+    // A(row, k) is register (row >= 8) + 2 (k >= 4) of lane (row % 8) * 4 +
+    // k % 4; B(k, col) register (k >= 4) of lane col * 4 + k % 4.
+    float matrix_a[16][8], matrix_b[8][8];
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      Fragments f;
+      std::memcpy(&f, exchange.lanes + lane * sizeof(Fragments), sizeof f);
+      const int group = int(lane / 4), t = int(lane % 4);
+      for (int i = 0; i < 4; ++i) {
+        matrix_a[group + (i % 2) * 8][t + (i / 2) * 4] = mma_tf32_value(f.a[i]);
+      }
+      for (int i = 0; i < 2; ++i) matrix_b[t + i * 4][group] = mma_tf32_value(f.b[0][i]);
+    }
+    for (int row = 0; row < 16; ++row) {
+      for (int col = 0; col < 8; ++col) {
+        float sum = 0;  // in k order
+        for (int k = 0; k < 8; ++k) sum += matrix_a[row][k] * matrix_b[k][col];
+        products[row * 8 + col] = sum;
+      }
+    }
+    exchange.scratch[0] = 1;
+  }
+  const int group = int(exchange.lane / 4), t = int(exchange.lane % 4);
+  for (int i = 0; i < 4; ++i) d[i] += products[(group + (i >= 2 ? 8 : 0)) * 8 + 2 * t + i % 2];
 }
 
 }  // namespace lltm::cuda_host
