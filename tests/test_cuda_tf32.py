@@ -347,11 +347,38 @@ def test_below_compute_capability_8_allow_tf32_changes_nothing():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_allow_tf32_leaves_other_dtypes_alone(dtype):
-    # float64 stays float64, and the 16-bit kernels are TF32's equals
-    # already (their own tensor-core products, the same either way).
+    # float64 stays float64, and the 16-bit kernels' products are on the
+    # tensor cores already, the same either way.
     args = forward_args(4, 3, 17, packed=False, reverse=True, dtype=dtype)
     with emulated():
         got = _ops_run(args, True)
         without = _ops_run(args, False)
     for a, b in zip(got, without, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("setting", "capability", "says"),
+    [
+        ("auto", (9, 0), "TF32 tensor cores"),
+        ("cooperative-global-h", (9, 0), "TF32 tensor cores"),
+        ("cuda-cores", (9, 0), None),
+        ("auto", (8, 0), "TF32 tensor cores"),
+        ("auto", (7, 5), None),
+    ],
+)  # fmt: skip
+def test_the_plan_says_tf32_tensor_cores(monkeypatch, setting, capability, says):
+    monkeypatch.setenv("LLTM_CUDA_PLAN", setting)
+    with emulated() as gpu:
+        gpu.set_capability(*capability)
+        with_tf32 = gpu.plan(4, 7, 17, True).splitlines()
+        without = gpu.plan(4, 7, 17, False).splitlines()
+        double = gpu.plan(8, 7, 17, True).splitlines()
+    for line in with_tf32:
+        assert line.startswith(("forward: persistent", "backward: persistent")), line
+        if says is None:
+            assert "tensor cores" not in line, line
+        else:
+            assert says in line, line
+    for line in without + double:
+        assert "tensor cores" not in line, line

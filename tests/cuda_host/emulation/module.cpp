@@ -13,7 +13,16 @@
 #include <vector>
 
 #include "cuda/lltm_cuda_launch.cuh"
+#include "cuda/lltm_cuda_persistent_plan.h"
 #include "python_module.h"
+
+namespace lltm::cuda {
+// lltm_cuda_persistent_planning.cu: the plan of a call (read here for its
+// description with the call's TF32 setting, which the plugin's
+// sequence_path does not take).
+SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch, int64_t state,
+                      bool tf32);
+}  // namespace lltm::cuda
 
 namespace {
 
@@ -338,6 +347,26 @@ PyObject* set_last_error(PyObject*, PyObject* args) {
 // (cudaPeekAtLastError).
 PyObject* peek_last_error(PyObject*, PyObject*) { return PyLong_FromLong(cudaPeekAtLastError()); }
 
+// plan(element_size, batch, state, tf32) -> "forward: ...\nbackward: ...":
+// the plans of a call on the emulated GPU as it is set up, as
+// sequence_path describes them, with allow_tf32 = tf32.
+PyObject* plan(PyObject*, PyObject* args) {
+  int element_size = 0, tf32 = 0;
+  long long batch = 0, state = 0;
+  if (!PyArg_ParseTuple(args, "iLLp", &element_size, &batch, &state, &tf32)) return nullptr;
+  std::string text;
+  const bool ok = python_errors([&] {
+    using lltm::cuda::SequencePass;
+    text = "forward: " +
+           lltm::cuda::describe(lltm::cuda::plan_for(SequencePass::kForward, -1, element_size,
+                                                     batch, state, tf32 != 0)) +
+           "\nbackward: " +
+           lltm::cuda::describe(lltm::cuda::plan_for(SequencePass::kBackward, -1, element_size,
+                                                     batch, state, tf32 != 0));
+  });
+  return ok ? PyUnicode_FromString(text.c_str()) : nullptr;
+}
+
 PyObject* launches(PyObject*, PyObject*) {
   return PyLong_FromLongLong(host::gpu().launches.load());
 }
@@ -469,6 +498,7 @@ PyMethodDef methods[] = {
     {"set_last_error", set_last_error, METH_VARARGS, "The calling thread's last error."},
     {"peek_last_error", peek_last_error, METH_NOARGS, "The calling thread's last error, kept."},
     {"launches", launches, METH_NOARGS, "Kernel launches run so far."},
+    {"plan", plan, METH_VARARGS, "The plans of a call, described, with its TF32 setting."},
     {"calls", calls, METH_NOARGS, "Launches and torch shim calls run so far, by name."},
     {"instructions", instructions, METH_NOARGS,
      "Tensor-core instructions run so far (a warp's once), by name."},
