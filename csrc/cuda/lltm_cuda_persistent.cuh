@@ -46,9 +46,9 @@
 // every step, and loads their inputs of the next step while the current one
 // runs, so that no step waits on global memory for them.
 //
-// No atomics, spin-waits or warp shuffles: barriers, and in 16 bits (TF32:
-// float32) the tensor cores' mma.sync (a warp-collective instruction), which the host
-// build's emulated GPU runs as they are.
+// No atomics, spin-waits or warp shuffles: barriers, and in 16 bits (and
+// float32 in TF32) the tensor cores' mma.sync (a warp-collective
+// instruction), which the host build's emulated GPU runs as they are.
 #pragma once
 
 #include <cstdint>
@@ -377,8 +377,8 @@ __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSl
   }
 }
 
-// load_weight_slice, and for the 16-bit tensor-core kernels (kTensorCores) a word
-// of the block's shared memory, returned, that is raised where the slice
+// load_weight_slice, and for the 16-bit tensor-core kernels (kTensorCores) a
+// word of the block's shared memory, returned, that is raised where the slice
 // holds a non-finite value; read it after the block's next barrier. Such a
 // block takes the CUDA cores' product (a low term of zero times an
 // infinite weight would give NaN where the product is infinite:

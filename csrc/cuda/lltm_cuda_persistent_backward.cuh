@@ -4,8 +4,8 @@
 // functions below, the forward's steps last first: load_step_inputs (of the
 // next step, while this one runs), gate_gradients (the pointwise math, the
 // writes), send_h_gradient_shares (the matvec with W_h, each unit's share
-// sent to the block owning it; in 16 bits, and float32 in TF32, on sm_80 and later
-// send_h_gradient_shares_tensor_cores), then the barrier and
+// sent to the block owning it; in 16 bits, and float32 in TF32, on sm_80
+// and later send_h_gradient_shares_tensor_cores), then the barrier and
 // sum_h_gradient_shares (the carried gradient of h).
 //
 // 16-bit dtypes: the inputs are widened to float32, in which the gradients

@@ -1,9 +1,9 @@
 // The persistent forward kernel: every step of sequence_forward's recurrence
 // in one launch (the scheme: lltm_cuda_persistent.cuh). A step, in the
 // functions below: load_step_inputs (of the next step, while this one runs),
-// recurrent_matvec (h_prev W_h^T; in 16 bits, and float32 in TF32, on sm_80 and later
-// recurrent_matvec_tensor_cores), cell_step (the pointwise math, the
-// writes), exchange_h (the new h to every block of the group).
+// recurrent_matvec (h_prev W_h^T; in 16 bits, and float32 in TF32, on sm_80
+// and later recurrent_matvec_tensor_cores), cell_step (the pointwise math,
+// the writes), exchange_h (the new h to every block of the group).
 //
 // The h the blocks exchange is in the math type, float32 for 16-bit dtypes:
 // the matvec then reads the h the cells computed, as the float32 kernel

@@ -233,10 +233,10 @@ __device__ __forceinline__ void warp_mma_m16n8k8_tf32(float (&d)[4], const uint3
 #endif
 }
 
-// x rounded to TF32 (tf32_bits): cvt.rna.tf32.f32 from sm_80 on, whose
-// result leaves the 13 dropped bits unspecified, so they are cleared here.
-// Below sm_80 (where no plan takes TF32) the same rounding in integer
-// arithmetic.
+// x rounded to TF32 (tf32_bits): cvt.rna.tf32.f32 from sm_80 on, its 13
+// bits below TF32's cleared here rather than relied on, so that the value is
+// the same wherever it is read as a float32; NaN kept as it is. Below sm_80
+// (where no plan takes TF32) the same rounding in integer arithmetic.
 __device__ __forceinline__ float round_to_tf32(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t bits;

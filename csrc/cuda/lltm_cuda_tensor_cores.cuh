@@ -1,6 +1,6 @@
-// A block's product on the tensor cores, for the persistent kernels' 16-bit
-// recurrence, and float32's in TF32 (below) (lltm_cuda_persistent_forward.cuh,
-// _backward.cuh):
+// A block's product on the tensor cores, for the persistent kernels'
+// recurrence in 16 bits, and in float32 under TF32 (below)
+// (lltm_cuda_persistent_forward.cuh, _backward.cuh):
 // D(m, n) = sum_k W(m, k) X(n, k), with W the block's slice of W_h in 16
 // bits (its gate rows in the forward, the state's units in the backward: M)
 // and X float32, a row per batch row (the running h, or the step's gate
@@ -35,8 +35,9 @@
 // is rounded once, as the kernels load it into shared memory (it is the
 // same every step: rounding it per fragment would repeat the same cvt every
 // step); X changes every step and is rounded here, as its fragments are
-// loaded. No split into high and low terms: that would be float32's
-// accuracy again at twice the instructions, which is not what TF32 asks.
+// loaded. No split into high and low terms: that would buy back the
+// accuracy TF32 gives up, at two or three times the instructions, which is
+// not what a caller who allows TF32 asks for.
 // Nothing to guard for non-finite values either: a single term carries inf
 // and NaN as the CUDA cores' product does (rounding keeps them).
 //
