@@ -36,7 +36,7 @@ import struct
 import cuda_host
 import pytest
 import torch
-from oracle import sequence_oracle
+from oracle import nonfinite_pattern, sequence_oracle
 from test_cuda_persistent import emulated, forward_args
 
 from lltm.reference import lltm_cell as reference_cell
@@ -382,3 +382,26 @@ def test_the_plan_says_tf32_tensor_cores(monkeypatch, setting, capability, says)
             assert says in line, line
     for line in without + double:
         assert "tensor cores" not in line, line
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("where", ["weight", "h0"])
+def test_non_finite_values_as_on_the_cuda_cores(where, value):
+    # No fallback in TF32 (lltm_cuda_tensor_cores.cuh): a single term carries
+    # inf and NaN, so every result is non-finite where, and as, exact float32
+    # makes it.
+    args = forward_args(4, 5, 17, packed=False, reverse=False, dtype=torch.float32)
+    if where == "weight":
+        args[1][7, 3] = value  # a recurrent weight: W_h's row 7, column 3
+    else:
+        args[3][2, 5] = value
+    with emulated() as gpu:
+        before = gpu.instructions().get(MMA_TF32, 0)
+        got = _ops_run(args, True)
+        assert gpu.instructions().get(MMA_TF32, 0) > before
+        exact32 = _ops_run(args, False)
+    for name, a, b in zip((*NAMES, "d_gates", "grad_h", "grad_c", "cells"), got, exact32,
+                          strict=False):  # fmt: skip
+        assert torch.equal(nonfinite_pattern(a), nonfinite_pattern(b)), name
+    # And the case is one: some result is not finite.
+    assert not all(torch.isfinite(t).all() for t in got[:8])
