@@ -14,9 +14,9 @@ measured; ``"complete"`` says whether it finished):
   every plan ``LLTM_CUDA_PLAN`` can force (docs/cuda.md, "Forcing a plan")
   beside the rule's: the plan each pass took (the plugin's ``sequence_path``;
   a forced plan that does not fit falls back to the rule's, and is recorded
-  as not fitting and not timed), and the median time of a forward (under
-  ``torch.no_grad()``) and of a training step (the ``.sum()`` loss of the
-  bench), timed with CUDA events. Plans that come out the same as one
+  as not fitting and not timed), and the median time of a forward (that
+  records the graph, as the bench's) and of a training step (the ``.sum()``
+  loss of the bench), timed with CUDA events. Plans that come out the same as one
   already timed at that point (``clusters`` where the rule takes clusters)
   are recorded as ``same_as`` it. Each entry names the fastest plan of each
   phase and the rule's time over it.
@@ -24,8 +24,9 @@ measured; ``"complete"`` says whether it finished):
   float32 matmul precision against nn.LSTM with cuDNN's TF32 off, and under
   ``"high"`` against nn.LSTM with TF32 on (torch's default), the time of a
   forward and of a step and each one's error against the float64 model;
-  whether lltm's results changed with the setting (``lltm_follows_high``)
-  and the plan it took under each.
+  whether lltm's results changed with the setting (``lltm_follows_high``:
+  its products through cuBLAS follow it; the error says how far) and the
+  plan it took under each.
 * ``captured``: at the same sizes, lltm and nn.LSTM (TF32 on and off),
   float32, a training step (forward and backward) captured in one CUDA graph
   on static inputs, and the time of a replay (no host work) beside an eager
@@ -166,11 +167,9 @@ class Problem:
         return [output, h_n, c_n]
 
     def forward(self, module: torch.nn.Module, autocast: torch.dtype | None) -> Callable[[], Any]:
-        def call() -> Any:
-            with torch.no_grad():
-                return self.run(module, autocast)
-
-        return call
+        """The forward that records the graph for a backward, as the bench's
+        forward phase (under ``torch.no_grad()`` lltm runs its inference op)."""
+        return lambda: self.run(module, autocast)
 
     def step(self, module: torch.nn.Module, autocast: torch.dtype | None) -> Callable[[], Any]:
         """Forward and backward of the bench's ``.sum()`` loss, the loss under
@@ -460,8 +459,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     began = time.monotonic()
     data: dict[str, Any] = {"environment": environment(device), "complete": False}
     data.update({section: [] for section in args.sections})

@@ -290,6 +290,7 @@ def test_every_forced_plan_is_captured_and_replays_as_eager(plan, dtype):
     eps = torch.finfo(dtype).eps
     for got, want in zip(replayed, eager, strict=True):
         scale = max(rms(want.double()), 1e-30)
-        # The same plan and kernels: at most a rounding apart (float32 sums of
-        # the weights' gradients may meet in another order).
-        assert rms(got.double() - want.double()) <= 4 * eps * scale, (plan, got.shape)
+        # The same plan and kernels: a few roundings apart at most (cuBLAS may
+        # pick another algorithm for the weights' gradient under capture); a
+        # replay of stale inputs or of another stream's work is off by O(1).
+        assert rms(got.double() - want.double()) <= 8 * eps * scale, (plan, got.shape)
