@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_calibrate.py --json OUT.json [--sections plans,float32,captured]
         [--deadline-s 150] [--grid 1x32x64,...] [--sizes 16x32x128,...] [--seq-len 50]
+    python benchmarks/gpu_calibrate.py --summary OUT.json   # its summary again
 
 Three sections, each a list in the JSON file, written again after every
 measurement (a run stopped at its deadline, or killed, still leaves what it
@@ -57,6 +58,7 @@ import torch
 
 import lltm
 from lltm import _backends, reference
+from lltm.bench import report
 
 # Every plan LLTM_CUDA_PLAN forces (csrc/cuda/lltm_cuda_persistent_plan.h),
 # after the rule's ("auto"); cuda-cores only for 16-bit dtypes, whose
@@ -427,7 +429,8 @@ def sizes(text: str) -> list[tuple[int, int, int]]:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, required=True, help="write the results here")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--summary", type=Path, help="print the summary of a file this wrote")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="of " + ", ".join(SECTIONS))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--seq-len", type=int, default=50)
@@ -444,6 +447,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="start nothing new past this many seconds (what was measured is kept)",
     )
     args = parser.parse_args(argv)
+    if (args.json is None) == (args.summary is None):
+        parser.error("one of --json (measure) and --summary (read) is needed")
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
@@ -458,6 +463,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.summary:
+        print(summary(json.loads(args.summary.read_text())))
+        return 0
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -519,8 +527,9 @@ def main(argv: list[str]) -> int:
 
 
 def summary(data: dict[str, Any]) -> str:
-    """The plans section in a line a point: the fastest plan of each phase and
-    the rule's time over it; then the float32 and captured rows."""
+    """The plans section in a line a point: the fastest plan of each phase,
+    the rule's time over it and the rule's path; then the float32 and
+    captured rows."""
     lines = []
     for entry in data.get("plans", []):
         if "error" in entry:
@@ -531,6 +540,9 @@ def summary(data: dict[str, Any]) -> str:
         for phase in ("forward", "step"):
             best, ratio = entry.get(f"{phase}_best"), entry.get(f"{phase}_rule_over_best")
             parts.append(f"{phase} {best} (rule {ratio:.2f}x)" if ratio else f"{phase} -")
+        rule = entry["plans"].get("auto", {}).get("path")
+        if rule:
+            parts.append(f"the rule's: {report.short_path(rule)}")
         lines.append(f"{where}: " + "; ".join(parts))
     for row in data.get("float32", []):
         if "error" in row:

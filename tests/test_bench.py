@@ -1082,7 +1082,10 @@ def test_the_calibration_on_the_cpu(gpu_calibrate, tmp_path, capsys):
         assert row["cudnn_tf32"] == (precision == "high")
         assert 0 < row["relative_rms_error"] < 1e-5, (impl, precision)  # float32, no TF32 on a CPU
     assert rows["lltm", "high"]["lltm_follows_high"] is False
-    assert "(2, 4, 8) float32: forward auto (rule 1.00x)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "(2, 4, 8) float32: forward auto (rule 1.00x)" in printed
+    assert gpu_calibrate.main(["--summary", str(out)]) == 0
+    assert capsys.readouterr().out == printed
 
 
 def test_the_calibration_stops_at_its_deadline(gpu_calibrate, tmp_path):
