@@ -246,7 +246,11 @@ SWEEP_FP16=("${SWEEP[@]}" --impl "lltm-sequence,lstm" --autocast fp16 --json "${
 # measurement), then into $DATA: a run cut short still brings back what it
 # measured, and no half-written file.
 CALIBRATION=$ROOT/build/gpu/gpu_calibration_$STAMP.json
-CALIBRATE=(--deadline-s 60 --json "$CALIBRATION")
+# Five timed calls a plan and phase: about 15 s of the GPU's time for the
+# plans of the whole map in four precisions (an estimate from the last run's
+# sweeps and per-step rows), well inside the 60 s after which it starts
+# nothing new.
+CALIBRATE=(--deadline-s 60 --repeats 5 --json "$CALIBRATION")
 if [[ $DRY_RUN == 1 ]]; then
   # The flags, as the bench takes them (with the lltm this Python imports).
   "$PYTHON" -c 'import shlex, sys; from lltm.bench import cli; [cli.parse(shlex.split(a)) for a in sys.argv[1:]]' \

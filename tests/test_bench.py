@@ -1383,7 +1383,7 @@ def test_the_prepared_gpu_run_in_a_dry_run(tmp_path, gpu_calibrate):
     calibration = gpu_calibrate.parse(calibrate)
     assert not str(calibration.json).startswith(str(out))
     assert calibration.sections == list(gpu_calibrate.SECTIONS)
-    assert calibration.deadline_s <= 60
+    assert calibration.deadline_s <= 60 and calibration.repeats == 5
     [copied] = [c for c in commands if c[0] == "cp"]
     assert copied[1] == str(calibration.json) and copied[2].startswith(str(out))
     # Seven files come back (a GPU machine returns eight at most, the run's
