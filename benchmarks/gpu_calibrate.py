@@ -321,6 +321,8 @@ def float32_at(problem: Problem, repeats: int) -> list[dict[str, Any]]:
                     "impl": impl,
                     "matmul_precision": matmul,
                     "cudnn_tf32": tf32,
+                    # What nn.LSTM's float32 follows, as torch reads it now.
+                    "cudnn_rnn_fp32_precision": _cudnn_rnn_precision(),
                     "forward_us": timed(problem.forward(module, None), device, repeats) * 1e6,
                     "step_us": timed(problem.step(module, None), device, repeats) * 1e6,
                     "relative_rms_error": relative_rms(output, exact[impl]),

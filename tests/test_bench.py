@@ -1080,6 +1080,9 @@ def test_the_calibration_on_the_cpu(gpu_calibrate, tmp_path, capsys):
     assert set(rows) == {(i, p) for i in ("lltm", "lstm") for p in ("highest", "high")}
     for (impl, precision), row in rows.items():
         assert row["cudnn_tf32"] == (precision == "high")
+        # None where torch predates torch.backends.cudnn.rnn.fp32_precision.
+        rnn = row["cudnn_rnn_fp32_precision"]
+        assert rnn in (None, "tf32" if precision == "high" else "none")
         assert 0 < row["relative_rms_error"] < 1e-5, (impl, precision)  # float32, no TF32 on a CPU
     assert rows["lltm", "high"]["lltm_follows_high"] is False
     printed = capsys.readouterr().out
