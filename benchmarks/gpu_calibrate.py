@@ -277,7 +277,7 @@ def plans_at(
 
 
 def fastest(plans: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The fastest plan of each phase and the rule's time over its.
+    """The fastest plan of each phase, and the rule's time over the fastest's.
 
     A phase's candidates are the rule's (``auto``) and the forced plans that
     ran as forced in every pass the phase has (the forward: its own; the
