@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Everything a machine with one NVIDIA GPU is for, in one command that ends
 # within about 520 s: build lltm's CPU library and its CUDA plugin in place
-# (for this GPU's architecture only), run the CUDA tests and the bad-argument
-# tests, time the sequence op at the GPU sizes against nn.LSTM in float32 (TF32
-# on and off, with the persistent kernels and without, the matrix products
-# alone) and under bf16 and fp16 autocast, and sweep a grid of sizes in float32
-# (nn.LSTM with TF32 on and off) and under bf16 and fp16 autocast into the
-# speed-up map.
+# (for this GPU's architecture only), run the CUDA tests (among them the
+# probes of what the host build's emulated GPU assumes: fp16 subnormals into
+# the tensor cores, the tensor-core products within the emulation's bounds,
+# every forced plan under CUDA graph capture) and the bad-argument tests, time
+# the sequence op at the GPU sizes against nn.LSTM in float32 (TF32 on and
+# off, with the persistent kernels and without, the matrix products alone)
+# and under bf16 and fp16 autocast, calibrate the persistent kernels' rule
+# (benchmarks/gpu_calibrate.py: every plan LLTM_CUDA_PLAN can force, timed at
+# every point of the map in float32, float32 under the "high" matmul
+# precision, bf16 and fp16 autocast; lltm under both float32 precisions
+# beside nn.LSTM with TF32 to match; a training step captured in a CUDA
+# graph, lltm's and nn.LSTM's), and sweep a grid of sizes in float32 (nn.LSTM
+# with TF32 on and off) and under bf16 and fp16 autocast into the speed-up
+# map.
 #
 #   bash benchmarks/gpu.sh             # results into $OUT, else benchmarks/data/
 #   bash benchmarks/gpu.sh --dry-run   # what it would run (no GPU needed)
@@ -22,20 +30,22 @@
 # 600 s a GPU machine gives one command); each stage has a deadline of its
 # own and never more than what is left of the budget, so a stage that hangs
 # costs its deadline and the later ones still run. Expected on 16 cores: builds about
-# 90 s, tests 60-120 s, the bench rows about 60 s, each sweep about 60 s, the
-# float32 one up to a third more (nn.LSTM with TF32 off: a fourth
-# implementation beside the reference loop, lltm and nn.LSTM, each timed in
-# the same blocks at every size). The last whole run, on an H200 before the
-# fp16 sweep and the TF32-off rows of the float32 sweep, took 299 s; with
-# them about 380 s are expected (not yet measured). A stage that fails is
-# reported and the next one runs; the exit status is that of the first failure.
+# 90 s, tests 60-120 s, the bench rows about 60 s, the calibration at most
+# 90 s (it starts nothing new past 60 s and keeps what it measured), each
+# sweep about 60 s, the float32 one up to a third more. The last whole run,
+# on an H200 before the fp16 sweep, the TF32-off rows and the calibration,
+# took 299 s; with them about 440 s are expected (not yet measured): where
+# the budget runs short, the fp16 sweep, last, is the one cut. A stage that
+# fails is reported and the next one runs; the exit status is that of the
+# first failure.
 #
-# What comes back (under $OUT, six files): the tests' JUnit XML, the float32
-# rows and the bf16 and fp16 autocast rows as the bench's JSON, the three
-# sweeps together in one JSON file (speedup_map.py's --json format,
-# {"reports": [the bench's JSON of each]}: a GPU machine returns eight files
-# at most, the run's output among them), and the map as a PNG
-# (benchmarks/speedup_map.py redraws it from that file).
+# What comes back (under $OUT, seven files): the tests' JUnit XML, the
+# float32 rows and the bf16 and fp16 autocast rows as the bench's JSON, the
+# calibration as gpu_calibrate.py's JSON (its three sections in one file),
+# the three sweeps together in one JSON file (speedup_map.py's --json
+# format, {"reports": [the bench's JSON of each]}), and the map as a PNG
+# (benchmarks/speedup_map.py redraws it from that file). A GPU machine
+# returns eight files at most, the run's output among them: join, don't add.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -187,7 +197,7 @@ run 30 "$PYTHON" -m lltm info
 # every test after it. Without pytest-xdist, one process a file.
 say "tests: the CUDA tests and tests/test_errors.py (not slow), crash-proof"
 TEST_FILES=(tests/test_cuda.py tests/test_cuda_devices.py tests/test_cuda_robustness.py
-  tests/test_errors.py)
+  tests/test_cuda_device_numerics.py tests/test_errors.py)
 PYTEST=("$PYTHON" -m pytest -m "not slow" -q -p no:cacheprovider)
 if [[ $DRY_RUN == 1 ]] || "$PYTHON" -c 'import xdist' 2>/dev/null; then
   run 150 "${PYTEST[@]}" -n 8 --max-worker-restart=200 \
@@ -232,17 +242,32 @@ SWEEPS=("$ROOT/build/gpu/gpu_sweep_float32_$STAMP.json" "$ROOT/build/gpu/gpu_swe
 SWEEP32=("${SWEEP[@]}" --impl "lltm-sequence,lstm,lstm-notf32" --json "${SWEEPS[0]}")
 SWEEP_BF16=("${SWEEP[@]}" --impl "lltm-sequence,lstm" --autocast bf16 --json "${SWEEPS[1]}")
 SWEEP_FP16=("${SWEEP[@]}" --impl "lltm-sequence,lstm" --autocast fp16 --json "${SWEEPS[2]}")
+# The calibration into build/gpu/ (it rewrites its file after every
+# measurement), then into $DATA: a run cut short still brings back what it
+# measured, and no half-written file.
+CALIBRATION=$ROOT/build/gpu/gpu_calibration_$STAMP.json
+# Five timed calls a plan and phase: about 15 s of the GPU's time for the
+# plans of the whole map in four precisions (an estimate from the last run's
+# sweeps and per-step rows), well inside the 60 s after which it starts
+# nothing new.
+CALIBRATE=(--deadline-s 60 --repeats 5 --json "$CALIBRATION")
 if [[ $DRY_RUN == 1 ]]; then
   # The flags, as the bench takes them (with the lltm this Python imports).
   "$PYTHON" -c 'import shlex, sys; from lltm.bench import cli; [cli.parse(shlex.split(a)) for a in sys.argv[1:]]' \
     "${FP32[*]@Q}" "${BF16[*]@Q}" "${FP16[*]@Q}" "${SWEEP32[*]@Q}" "${SWEEP_BF16[*]@Q}" \
     "${SWEEP_FP16[*]@Q}" || fail 1
+  "$PYTHON" -c 'import sys; sys.path[0] = "benchmarks"; import gpu_calibrate; gpu_calibrate.parse(sys.argv[1:])' \
+    "${CALIBRATE[@]}" || fail 1
 fi
 
 say "bench: sequences at T = 50, float32, then bf16 and fp16 autocast"
 run 60 "$PYTHON" -m lltm bench "${FP32[@]}"
 run 40 "$PYTHON" -m lltm bench "${BF16[@]}"
 run 40 "$PYTHON" -m lltm bench "${FP16[@]}"
+say "calibration: every plan at every point of the map; float32 precisions; captured steps"
+run 90 "$PYTHON" benchmarks/gpu_calibrate.py "${CALIBRATE[@]}"
+printf '+ cp %q %q\n' "$CALIBRATION" "$DATA/${CALIBRATION##*/}"
+if [[ $DRY_RUN == 0 && -s $CALIBRATION ]]; then cp "$CALIBRATION" "$DATA/"; fi
 say "sweep: the speed-up map, float32, then bf16 and fp16 autocast"
 run 100 "$PYTHON" -m lltm bench "${SWEEP32[@]}"
 run 75 "$PYTHON" -m lltm bench "${SWEEP_BF16[@]}"

@@ -1049,6 +1049,74 @@ def speedup_map():
     return module
 
 
+@pytest.fixture(scope="module")
+def gpu_calibrate():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_calibrate", ROOT / "benchmarks" / "gpu_calibrate.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_calibration_on_the_cpu(gpu_calibrate, tmp_path, capsys):
+    # Every section at tiny sizes: the rule alone (no plans to force on a
+    # CPU), lltm against the float64 model in float32, the summary printed.
+    out = tmp_path / "calibration.json"
+    assert gpu_calibrate.main(
+        ["--device", "cpu", "--json", str(out), "--grid", "2x4x8,1x3x5", "--sizes", "2x4x8",
+         "--seq-len", "3", "--repeats", "1", "--precisions", "float32,bf16-autocast"]
+    ) == 0  # fmt: skip
+    data = json.loads(out.read_text())
+    assert data["complete"] and data["captured"] == []  # no CUDA graphs on a CPU
+    assert [(e["batch"], e["state"], e["precision"]) for e in data["plans"]] == [
+        (1, 5, "float32"), (1, 5, "bf16-autocast"), (2, 8, "float32"), (2, 8, "bf16-autocast")
+    ]  # fmt: skip
+    for entry in data["plans"]:
+        assert list(entry["plans"]) == ["auto"]
+        assert entry["forward_best"] == entry["step_best"] == "auto"
+        assert entry["plans"]["auto"]["forward_us"] > 0 and entry["plans"]["auto"]["step_us"] > 0
+    rows = {(r["impl"], r["matmul_precision"]): r for r in data["float32"]}
+    assert set(rows) == {(i, p) for i in ("lltm", "lstm") for p in ("highest", "high")}
+    for (impl, precision), row in rows.items():
+        assert row["cudnn_tf32"] == (precision == "high")
+        # None where torch predates torch.backends.cudnn.rnn.fp32_precision.
+        rnn = row["cudnn_rnn_fp32_precision"]
+        assert rnn in (None, "tf32" if precision == "high" else "none")
+        assert 0 < row["relative_rms_error"] < 1e-5, (impl, precision)  # float32, no TF32 on a CPU
+    assert rows["lltm", "high"]["lltm_follows_high"] is False
+    printed = capsys.readouterr().out
+    assert "(2, 4, 8) float32: forward auto (rule 1.00x)" in printed
+    assert gpu_calibrate.main(["--summary", str(out)]) == 0
+    assert capsys.readouterr().out == printed
+
+
+def test_the_calibration_stops_at_its_deadline(gpu_calibrate, tmp_path):
+    out = tmp_path / "calibration.json"
+    gpu_calibrate.main(["--device", "cpu", "--json", str(out), "--deadline-s", "0"])
+    data = json.loads(out.read_text())
+    assert not data["complete"] and "deadline" in data["stopped"]
+    assert list(tmp_path.iterdir()) == [out]  # no half-written file left beside it
+
+
+def test_the_fastest_plan_ran_as_forced_in_every_pass_of_its_phase(gpu_calibrate):
+    fit, forward_only = {"forward": True, "backward": True}, {"forward": True, "backward": False}
+    plans = {
+        "auto": {"fits": fit, "forward_us": 10.0, "step_us": 30.0},
+        # Fastest in the step, but its backward was the rule's: no candidate there.
+        "cooperative": {"fits": forward_only, "forward_us": 8.0, "step_us": 20.0},
+        "clusters": {"fits": fit, "same_as": "auto"},
+        "per-step": {"fits": fit, "forward_us": 50.0, "step_us": 25.0},
+        "waves=2": {"fits": {"forward": False, "backward": False}},
+    }
+    assert gpu_calibrate.fastest(plans) == {
+        "forward_best": "cooperative",
+        "forward_rule_over_best": 10.0 / 8.0,
+        "step_best": "per-step",
+        "step_rule_over_best": 30.0 / 25.0,
+    }
+
+
 # A grid of batch x state, the features half the state, as gpu.sh sweeps it.
 GRID = "1x2x4,2x2x4,1x4x8,2x4x8"
 
@@ -1258,7 +1326,7 @@ def test_speedup_map_summary_classes_speedups_as_the_tables_print_them(speedup_m
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the GPU machines run Linux")
-def test_the_prepared_gpu_run_in_a_dry_run(tmp_path):
+def test_the_prepared_gpu_run_in_a_dry_run(tmp_path, gpu_calibrate):
     # benchmarks/gpu.sh --dry-run prints what it would build, test and time,
     # and writes nothing. Its bench commands are checked here by the bench's
     # own parser (the script's check of them, `$PYTHON -c ...`, would import
@@ -1312,12 +1380,21 @@ def test_the_prepared_gpu_run_in_a_dry_run(tmp_path):
     assert joined[1].startswith(str(out)) and not sweep32.json.startswith(str(out))
     [drawn] = [c for c in commands if c[1:2] == ["benchmarks/speedup_map.py"]]
     assert [a for a in drawn if a.endswith(".json")] == [joined[1]]
-    # Six files come back (a GPU machine returns eight at most, the run's
+    # The calibration: into build/gpu/ as it goes, then copied back; it starts
+    # nothing new well before its stage's deadline.
+    [calibrate] = [c[2:] for c in commands if c[1:2] == ["benchmarks/gpu_calibrate.py"]]
+    calibration = gpu_calibrate.parse(calibrate)
+    assert not str(calibration.json).startswith(str(out))
+    assert calibration.sections == list(gpu_calibrate.SECTIONS)
+    assert calibration.deadline_s <= 60 and calibration.repeats == 5
+    [copied] = [c for c in commands if c[0] == "cp"]
+    assert copied[1] == str(calibration.json) and copied[2].startswith(str(out))
+    # Seven files come back (a GPU machine returns eight at most, the run's
     # output among them), and nothing is written in a dry run.
     written = {
         a.split("=", 1)[-1] for c in commands for a in c if a.split("=", 1)[-1].startswith(str(out))
     }
-    assert len(written) == 6, written
+    assert len(written) == 7, written
     assert list(out.iterdir()) == []
 
 

@@ -36,6 +36,7 @@ from test_cuda_persistent import (
     _gathers,
     emulated,
     forward_args,
+    on,
     oracle,
     path,
     run_ops,
@@ -66,13 +67,20 @@ def _errors(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> tuple[
 
 
 def assert_matches_oracle_16_bit(
-    args: list, grad_how: str, final_grads: str, mask, looser: float = 1.0
+    args: list,
+    grad_how: str,
+    final_grads: str,
+    mask,
+    looser: float = 1.0,
+    device: str | torch.device = "cpu",
 ) -> None:
-    """lltm's ops in the dtype of `args` against the float64 oracle, within
-    the bounds above (`looser` times them)."""
+    """lltm's ops in the dtype of `args` on `device` against the float64
+    oracle on the CPU, within the bounds above (`looser` times them)."""
     dtype = args[0].dtype
-    outputs, grads, gate_grads, upstream = run_ops(args, grad_how, final_grads, mask)
-    expected_outputs, expected_grads = oracle(args, *upstream)
+    outputs, grads, gate_grads, upstream = run_ops(on(device, args), grad_how, final_grads, mask)
+    expected_outputs, expected_grads = oracle(
+        args, *(None if t is None else t.cpu() for t in upstream)
+    )
     d_gates, grad_h, grad_c = gate_grads
     grad_names = [f"grad_{name}" for name in ("input", "weights", "bias", "old_h", "old_cell")]
     output_names = ["output", "h_n", "c_n", "cells"]

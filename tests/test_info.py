@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import lltm
 
@@ -151,3 +152,21 @@ def test_info_prints_the_problems(tmp_path):
     ).stdout  # fmt: skip
     assert f"{tree / 'lltm'} (installed: lltm {VERSION} at {site / 'lltm'})" in out
     assert "PROBLEM" in out and "shadows the installed lltm" in out
+
+
+def test_info_names_the_float32_precision_of_the_moment():
+    from lltm import info
+
+    try:
+        torch.set_float32_matmul_precision("high")
+        allowed = info.render(info.collect())
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    exact = info.render(info.collect())
+
+    def row(text):
+        (line,) = [line for line in text.splitlines() if line.startswith("float32 sequences")]
+        return line[len("float32 sequences") :].strip()
+
+    assert row(exact) == "exact float32 (torch's float32 matmul precision: highest)"
+    assert row(allowed).startswith("TF32 allowed on CUDA, exact float32 on the CPU")

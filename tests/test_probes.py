@@ -102,6 +102,20 @@ def test_jit_tracing():
     assert seen == [False, True]
 
 
+def test_cuda_matmul_allows_tf32():
+    # What the legacy setter and the new API set; the fallback agrees.
+    try:
+        for setting, expected in (("high", True), ("medium", True), ("highest", False)):
+            torch.set_float32_matmul_precision(setting)
+            assert _probes.cuda_matmul_allows_tf32() is expected
+            assert _probes._cuda_matmul_allows_tf32_in_python() is expected
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert _probes.cuda_matmul_allows_tf32() is True
+        assert _probes._cuda_matmul_allows_tf32_in_python() is True
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
 def test_below_autograd_and_redispatch():
     args = make_inputs(2, 3, 4, requires_grad=True)
     with _probes.below_autograd():

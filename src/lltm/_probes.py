@@ -145,6 +145,42 @@ jit_tracing: Callable[[], bool] = _is_tracing or torch.jit.is_tracing
 """Whether ``torch.jit.trace`` is recording."""
 
 
+# --- float32's matrix products -----------------------------------------------------------
+
+_fp32_precision = _probe(
+    "cuda_matmul_fp32_precision",
+    "torch._C._get_fp32_precision_getter",
+    "2.9",
+    "torch.backends.cuda.matmul.fp32_precision, its public wrapper (slower, same answer); "
+    "in a torch without that either, torch.get_float32_matmul_precision(), its only setting",
+)
+
+
+def _cuda_matmul_allows_tf32_in_python() -> bool:
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if precision is not None:
+        return bool(precision == "tf32")
+    return torch.get_float32_matmul_precision() != "highest"
+
+
+def _cuda_matmul_allows_tf32_in_torch() -> bool:
+    return bool(_fp32_precision("cuda", "matmul") == "tf32")
+
+
+cuda_matmul_allows_tf32: Callable[[], bool] = (
+    _cuda_matmul_allows_tf32_in_torch
+    if _fp32_precision is not None
+    else _cuda_matmul_allows_tf32_in_python
+)
+"""Whether torch's float32 matrix products on CUDA may use TF32 now (its cuBLAS setting).
+
+What ``torch.backends.cuda.matmul.fp32_precision`` says, resolved through
+``torch.backends.cuda.fp32_precision`` and ``torch.backends.fp32_precision``
+where it is ``"none"``: the value torch's cuBLAS handles read, and the one
+torch.compile's guard on the global state compares.
+"""
+
+
 # --- Calling below autograd ----------------------------------------------------------
 
 _below_autograd = _probe(

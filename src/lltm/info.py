@@ -19,6 +19,7 @@ import torch
 
 from . import _C, _backends, _probes, cmake_prefix_path
 from ._version import __version__
+from .ops import precision
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # (batch, state) of the sequences whose GPU path `info` shows: those of the
@@ -154,6 +155,8 @@ def collect() -> dict[str, Any]:
         "kernels": devices,
         "cpu_isa": cpu_isa,
         "cpu_isa_error": cpu_isa_error,
+        # What float32 sequences compute in now: torch's float32 matmul setting.
+        "float32_sequences": precision.describe(),
         # The private torch names lltm reads that this torch lacks (lltm/_probes.py).
         "torch_internals_missing": list(_probes.MISSING),
         "cuda_plugin": _backends.PLUGIN.module,
@@ -199,6 +202,7 @@ def render(info: dict[str, Any]) -> str:
             "lltm::sequence_inference (no gates or cells kept) where no gradient can be asked "
             "(no_grad, inference_mode, nothing requiring grad); else lltm::sequence_forward",
         ),
+        ("float32 sequences", info["float32_sequences"]),
         (
             "torch internals",
             "all found"

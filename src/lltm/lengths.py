@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .ops import sequence_ops
+from .ops import precision, sequence_ops
 
 
 def traced() -> bool:
@@ -105,7 +105,7 @@ def traced_direction(
         order = torch.where(valid, lengths - 1 - t, 0)
         input = input.gather(0, _rows(order, input.shape[2]))
     output, _h, _c, _gates, cells = sequence_ops.SEQUENCE_FORWARD.handle(
-        input, weights, bias, old_h, old_cell, None, False
+        input, weights, bias, old_h, old_cell, None, False, precision.allow_tf32(input)
     )
     last = _rows((lengths - 1).clamp(min=0).unsqueeze(0), old_h.shape[1])  # (1, batch, state)
     ran = (lengths > 0).unsqueeze(1)  # (batch, 1)

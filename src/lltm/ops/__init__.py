@@ -19,6 +19,8 @@ checks.py           the argument checks both families are built from
 autocast.py         autocast's policy for the forward operators
 batching.py         the vmapped dimension folded into the kernels' batch
 decompositions.py   how the lowerings reach torch.export's decomposition table
+precision.py        the ``allow_tf32`` the sequence's calls pass: torch's float32
+                    matmul setting, read at each call
 ==================  ============================================================
 
 ``forward``/``backward`` are the cell's operators,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .. import dispatch
+from .. import dispatch, precision
 from ..registration import Operator
 from . import composite, fake, lowering, vmap
 from .autograd import SequenceFunction
@@ -87,9 +87,11 @@ def sequence(
     What ``lltm::sequence_forward`` computes, through the one decision of
     ops/dispatch.py, as :func:`lltm.ops.cell`; where no gradient can be
     asked of the call, ``lltm::sequence_inference``, the same values without
-    the activations only a backward reads.
+    the activations only a backward reads. float32's matrix products in the
+    precision torch allows its own now (ops/precision.py).
     """
-    args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse)
+    allow_tf32 = precision.allow_tf32(input) if isinstance(input, Tensor) else False
+    args = (input, weights, bias, old_h, old_cell, batch_sizes, reverse, allow_tf32)
     if not dispatch.may_differentiate(args):
         output, h_n, c_n = dispatch.call(SEQUENCE_INFERENCE, args)
         return output, h_n, c_n

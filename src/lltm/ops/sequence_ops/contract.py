@@ -41,13 +41,13 @@ if TYPE_CHECKING:
     from torch._ops import OpOverload
 
 sequence_forward: OpOverload[
-    [Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, bool],
+    [Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, bool, bool],
     tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
 ] = torch.ops.lltm.sequence_forward.default
 """The cell over a whole sequence, in one call.
 
 ``output, h_n, c_n, gates, cells = sequence_forward(input, weights, bias,
-old_h, old_cell, batch_sizes, reverse)``. Step ``t`` is :obj:`forward` on
+old_h, old_cell, batch_sizes, reverse, allow_tf32=False)``. Step ``t`` is :obj:`forward` on
 step ``t``'s input and the state the step before left. The operator behind
 :func:`lltm.lltm_sequence` and :class:`lltm.LLTMSequence`.
 
@@ -64,6 +64,12 @@ Args:
         ``batch_sizes[t]`` sequences.
     reverse: run the steps from last to first (the backward direction of a
         bidirectional layer).
+    allow_tf32: float32's matrix products may run on TF32 tensor cores
+        (inputs rounded to 10-bit mantissas, float32 sums and state), as
+        torch's own may under ``torch.set_float32_matmul_precision("high")``;
+        :func:`lltm.lltm_sequence` and :class:`lltm.LLTMSequence` pass torch's
+        setting at call time. Kernels without TF32 (the CPU's) compute exact
+        float32 either way; other dtypes ignore it.
 
 Returns:
     ``(output, h_n, c_n, gates, cells)``. ``output`` holds every step's
@@ -75,7 +81,7 @@ Returns:
 """
 
 sequence_inference: OpOverload[
-    [Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, bool],
+    [Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, bool, bool],
     tuple[Tensor, Tensor, Tensor],
 ] = torch.ops.lltm.sequence_inference.default
 """The cell over a whole sequence when nothing will differentiate the call.
@@ -99,6 +105,7 @@ Args:
     old_cell: as for :obj:`sequence_forward`.
     batch_sizes: as for :obj:`sequence_forward`.
     reverse: as for :obj:`sequence_forward`.
+    allow_tf32: as for :obj:`sequence_forward`.
 
 Returns:
     ``(output, h_n, c_n)``, as :obj:`sequence_forward` returns them.
@@ -118,13 +125,14 @@ sequence_backward: OpOverload[
         Tensor | None,
         bool,
         Sequence[bool],
+        bool,
     ],
     Grads,
 ] = torch.ops.lltm.sequence_backward.default
 """Backpropagation through time: the gradients of a :obj:`sequence_forward` call.
 
 ``sequence_backward(grad_output, grad_h_n, grad_c_n, output, gates, cells,
-input, weights, old_h, batch_sizes, reverse, output_mask)``.
+input, weights, old_h, batch_sizes, reverse, output_mask, allow_tf32=False)``.
 
 Args:
     grad_output: the gradient of ``output``, or None if it did not reach the loss.
@@ -139,6 +147,8 @@ Args:
     batch_sizes: :obj:`sequence_forward`'s ``batch_sizes``.
     reverse: :obj:`sequence_forward`'s ``reverse``.
     output_mask: which gradients are wanted, as for :obj:`backward`.
+    allow_tf32: as for :obj:`sequence_forward`: the forward's, so that a
+        backward computes in its forward's precision.
 
 Returns:
     ``(grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell)``,
@@ -158,13 +168,14 @@ sequence_gate_grads: OpOverload[
         Tensor,
         Tensor | None,
         bool,
+        bool,
     ],
     tuple[Tensor, Tensor, Tensor],
 ] = torch.ops.lltm.sequence_gate_grads.default
 """Backpropagation through time alone: every step's gate gradients.
 
 ``sequence_gate_grads(grad_output, grad_h_n, grad_c_n, output, gates, cells,
-input, weights, old_h, batch_sizes, reverse)`` takes the arguments of
+input, weights, old_h, batch_sizes, reverse, allow_tf32=False)`` takes the arguments of
 :obj:`sequence_backward` but ``output_mask``. :obj:`sequence_backward` is
 this followed by the products with ``weights`` and ``[h_prev, input]``; this
 operator serves what needs the gate gradients themselves: per-sample weight
@@ -183,6 +194,7 @@ Args:
     old_h: as for :obj:`sequence_backward`.
     batch_sizes: as for :obj:`sequence_backward`.
     reverse: as for :obj:`sequence_backward`.
+    allow_tf32: as for :obj:`sequence_backward`.
 
 Returns:
     ``(grad_gates, grad_old_h, grad_old_cell)``: the gradient of the loss
@@ -194,7 +206,7 @@ Returns:
 class SequenceBackwardArgs(NamedTuple):
     """The arguments of lltm::sequence_backward before ``output_mask``.
 
-    All of lltm::sequence_gate_grads'. ``SequenceBackwardArgs(*args[:11])``
+    All of lltm::sequence_gate_grads' but ``allow_tf32``. ``SequenceBackwardArgs(*args[:11])``
     names them: the one place that spells them out.
     """
 
