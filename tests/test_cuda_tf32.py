@@ -10,7 +10,12 @@
   backward, padded and packed, both directions, against the float64 oracle
   within the TF32 bound (below); the tensor cores ran (the emulation counts
   their instructions) and the results differ from exact float32; with
-  allow_tf32=False the bits are those of a call that never heard of it.
+  allow_tf32=False the bits are those of a call that never heard of it;
+  inf and NaN where exact float32 has them; below sm_80, and for other
+  dtypes, nothing changes; the plan says "TF32 tensor cores".
+* lltm.LLTMSequence under torch's float32 matmul setting: TF32 under "high"
+  (its backward too, whatever the setting when it runs), exact under
+  "highest".
 
 The bound. TF32 keeps 10 bits of each input's significand (unit roundoff
 u = 2**-11), so a product of the recurrence reads each h and W_h element
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable, Iterator
 
 import cuda_host
 import pytest
@@ -39,6 +45,7 @@ import torch
 from oracle import nonfinite_pattern, sequence_oracle
 from test_cuda_persistent import emulated, forward_args
 
+import lltm
 from lltm.reference import lltm_cell as reference_cell
 
 pytestmark = cuda_host.ONLY
@@ -405,3 +412,41 @@ def test_non_finite_values_as_on_the_cuda_cores(where, value):
         assert torch.equal(nonfinite_pattern(a), nonfinite_pattern(b)), name
     # And the case is one: some result is not finite.
     assert not all(torch.isfinite(t).all() for t in got[:8])
+
+
+@pytest.fixture
+def matmul_precision() -> Iterator[Callable[[str], None]]:
+    """Sets torch's float32 matmul precision; puts back what it was."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        yield torch.set_float32_matmul_precision
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+
+
+def test_the_module_follows_torchs_setting(matmul_precision):
+    # From torch's setting to the kernels: lltm.LLTMSequence on the emulated
+    # GPU runs TF32 under "high", its backward in its forward's precision
+    # whatever the setting when it runs, and exact float32 under "highest".
+    torch.manual_seed(0)
+    model = lltm.LLTMSequence(8, 24)
+    x = torch.randn(5, 6, 8)
+
+    def step(forward: str, backward: str, gpu) -> tuple[list[torch.Tensor], int, int]:
+        matmul_precision(forward)
+        start = gpu.instructions().get(MMA_TF32, 0)
+        output, _ = model(x)
+        middle = gpu.instructions().get(MMA_TF32, 0)
+        matmul_precision(backward)
+        grads = torch.autograd.grad(output.sum(), [*model.parameters()])
+        end = gpu.instructions().get(MMA_TF32, 0)
+        return [output.detach(), *grads], middle - start, end - middle
+
+    with emulated() as gpu:
+        tf32, forward_mma, backward_mma = step("high", "highest", gpu)
+        exact, exact_forward_mma, exact_backward_mma = step("highest", "high", gpu)
+    assert forward_mma > 0 and backward_mma > 0
+    assert exact_forward_mma == exact_backward_mma == 0
+    assert all(not torch.equal(a, b) for a, b in zip(tf32, exact, strict=True))
+    for a, b in zip(tf32, exact, strict=True):
+        torch.testing.assert_close(a, b, rtol=5e-3, atol=5e-3)
