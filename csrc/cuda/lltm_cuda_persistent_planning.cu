@@ -4,6 +4,7 @@
 // lltm_cuda_persistent_plan.h, the plans remembered per device and size, and
 // the rule's answer as diagnostics show it.
 #include "lltm_cuda_persistent_launch.cuh"
+#include "lltm_cuda_persistent_measuring.h"
 
 namespace lltm::cuda {
 namespace {
@@ -100,6 +101,8 @@ DeviceLimits device_limits(int device) {
 // may ask it a few dozen times).
 SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch,
                       int64_t state) {
+  // A measured call (lltm_cuda_persistent_measuring.h) runs the plan it times.
+  if (const SequencePlan* imposed = imposed_plan(pass)) return *imposed;
   const ForcedPlan forced = forced_plan();
   if (!plan_reads_device(forced, element_size, batch, state)) {
     // The reason only: no device query.
@@ -133,6 +136,14 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
     plans.emplace(key, plan);
   }
   return plan;
+}
+
+bool plans_measurable() { return persistent_enabled() && !forced_plan().forced(); }
+
+SequencePlan plan_with(SequencePass pass, int device, int element_size, int64_t batch,
+                       int64_t state, const ForcedPlan& forced) {
+  return plan_sequence(pass, element_size, batch, state, device_limits(device),
+                       KernelOccupancy(device, element_size), true, forced);
 }
 
 std::string sequence_path(int device, int element_size, int64_t batch, int64_t state) {
