@@ -215,7 +215,9 @@ def sequence_path(
     """How lltm's sequence op ran for ``impl`` on a GPU, or None (not such a case).
 
     The persistent kernels or the per-step path, as the CUDA plugin's rule
-    answers for that device (lltm._backends.sequence_path).
+    answers for that device (lltm._backends.sequence_path), or as it measured
+    them with ``torch.backends.cudnn.benchmark`` set (``measured: ...``, and
+    each pass's candidates with their times).
     """
     from .. import _backends
 
@@ -225,7 +227,18 @@ def sequence_path(
         forced = "per-step (LLTM_CUDA_PERSISTENT=0)"
         return {"forward": forced, "backward": forced}
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _backends.sequence_path(index, dtype, size.batch, size.state)
+    path = _backends.sequence_path(index, dtype, size.batch, size.state)
+    if path is None:
+        return None
+    # With torch.backends.cudnn.benchmark set, the plan the plugin measured
+    # for this size is the one taken (the first of a pass: the most recent).
+    name = str(dtype).removeprefix("torch.")
+    for plan in reversed(_backends.measured_plans()):
+        if (plan.dtype, plan.batch, plan.state) == (name, size.batch, size.state):
+            key = "backward" if plan.pass_ == "backward" else "forward"
+            path[key] = f"measured: {plan.chosen}"
+            path[f"{plan.pass_} candidates"] = plan.render()
+    return path
 
 
 # --- Command line ----------------------------------------------------------------
