@@ -7,10 +7,14 @@ as ``lltm info`` shows it. The plugin's side: tests/test_cuda_measured_plans.py.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 
-from lltm import _backends
+from lltm import _backends, info
+from lltm.bench import report
 
 LISTING = (
     "plan\tforward\tfloat32\t0\t16\t128\tpacked, 50 steps, reverse\tpersistent, clusters: x\n"
@@ -75,3 +79,21 @@ def test_a_plan_renders_its_candidates_times():
     assert lines[2].split()[:2] == ["125.0", "us"]
     assert "refused by the GPU" in lines[3]
     assert backward.render().startswith("backward bfloat16, tf32 batch 8")
+
+
+def test_lltm_info_lists_the_measured_plans():
+    plans = [dataclasses.asdict(p) for p in _backends.parse_measured_plans(LISTING)]
+    collected = {**info.collect(), "cuda_measured_plans": plans}
+    json.dumps(collected)  # --json prints it
+    lines = info.render(collected).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("measured plan"))
+    assert lines[at].split(None, 2)[2].startswith("forward float32 batch 16 state 128")
+    assert "refused by the GPU" in lines[at + 3]
+    assert sum(line.startswith("measured plan") for line in lines) == 2
+
+
+def test_the_bench_says_where_a_plan_was_measured():
+    path = {"forward": "measured: persistent, clusters: x", "backward": "per-step (why)"}
+    assert report.short_path(path) == "fwd clusters measured, bwd per-step"
+    path["backward"] = "measured: persistent, clusters: y"
+    assert report.short_path(path) == "clusters measured"
