@@ -222,6 +222,7 @@ MeasuredChoice measured_choice(const MeasuredCall& call) {
     }
   }
   if (capturing(call.device)) return choice;
+  (void)measured_capacity();  // an invalid bound raises before anything is measured
   choice.candidates = candidate_plans(sequence_pass(call.pass), call.device, call.element_size,
                                       call.batch, call.state);
   // One candidate (the per-step path): nothing to choose between.

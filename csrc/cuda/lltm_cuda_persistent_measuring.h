@@ -66,8 +66,8 @@ struct MeasuredCall {
   // Float32 products on TF32 tensor cores (another kernel, another time).
   bool tf32 = false;
   int64_t batch = 0, state = 0;
-  // Padded: {steps}; packed: every step's batch size (the schedule), run in
-  // reverse or not (the direction changes which steps share a size run).
+  // Padded: {steps}; packed: every step's batch size, and the direction
+  // (the order the kernels walk them in).
   bool packed = false, reverse = false;
   std::vector<int64_t> schedule;
 };
@@ -104,6 +104,7 @@ class ImposedPlan {
   ~ImposedPlan();
   ImposedPlan(const ImposedPlan&) = delete;
   ImposedPlan& operator=(const ImposedPlan&) = delete;
+  // Whether the GPU refused a launch of the plan since the last time asked.
   bool refused() const;
 };
 
