@@ -151,7 +151,6 @@ class CudaLibrary(Library):
             if hasattr(self._handle, f"{self._prefix}_sequence_path")
             else None
         )
-
         # Absent from plugins built before measured plans.
         self._set_measuring = (
             self._function("set_measuring", None, ctypes.c_int)
