@@ -185,6 +185,23 @@ def test_the_choices_are_bounded_least_recently_used_first_out(monkeypatch):
         assert [p.schedule for p in measured()] == ["2 steps", "3 steps"]
 
 
+def test_each_schedule_is_a_kind_of_its_own():
+    # A padded batch runs the same launches either way; a packed one's
+    # schedule, direction included, is its own kind.
+    padded = forward_args(STEPS, BATCH, STATE, packed=False, reverse=False)
+    packed = forward_args(STEPS, BATCH, STATE, packed=True, reverse=False)
+    with measuring():
+        for args in (padded, packed):
+            for reverse in (False, True):
+                inference([*args[:6], reverse])
+        schedules = [p.schedule for p in measured()]
+    assert schedules == [
+        f"packed, {STEPS} steps, reverse",
+        f"packed, {STEPS} steps",
+        f"{STEPS} steps",
+    ]
+
+
 def test_an_invalid_bound_is_an_argument_error(monkeypatch):
     monkeypatch.setenv("LLTM_CUDA_MEASURED_PLANS", "many")
     args = forward_args(STEPS, BATCH, STATE, packed=False, reverse=False)
