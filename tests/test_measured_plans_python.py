@@ -97,3 +97,14 @@ def test_the_bench_says_where_a_plan_was_measured():
     assert report.short_path(path) == "fwd clusters measured, bwd per-step"
     path["backward"] = "measured: persistent, clusters: y"
     assert report.short_path(path) == "clusters measured"
+
+
+def test_bench_cudnn_benchmark_sets_the_flag_for_its_run_only(benchmark_restored, capsys):
+    from lltm import bench
+
+    torch.backends.cudnn.benchmark = False
+    fast = ["-b", "2", "-f", "3", "-s", "4", "-r", "2", "--block-seconds", "0.001"]
+    argv = [*fast, "--device", "cpu", "--threads", "1", "--seq-len", "2", "--impl", "lltm-sequence"]
+    assert bench.main([*argv, "--cudnn-benchmark", "--json", "-"]) == 0
+    assert torch.backends.cudnn.benchmark is False
+    assert json.loads(capsys.readouterr().out)["results"]

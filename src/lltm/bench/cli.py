@@ -429,6 +429,13 @@ def parser() -> argparse.ArgumentParser:
         "on a CPU the growth of the peak resident set, on a GPU the allocator's peak "
         "(cells and sequences)",
     )
+    how.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="run with torch.backends.cudnn.benchmark = True: cuDNN times its algorithms "
+        "(nn.LSTM), and lltm's sequence op its plans on the GPU, keeping the fastest (the "
+        "path column then says measured)",
+    )
     how.add_argument("--seed", type=int, default=0)
     how.add_argument(
         "--scale",
@@ -496,7 +503,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``lltm bench`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parse(list(sys.argv[1:] if argv is None else argv))
-    results, env = run(args)
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = before or args.cudnn_benchmark
+    try:
+        results, env = run(args)
+    finally:
+        torch.backends.cudnn.benchmark = before
     if args.json:
         report.write_json(results, env, args.json)
     if not args.quiet and args.json != "-":
