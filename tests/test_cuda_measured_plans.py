@@ -185,6 +185,18 @@ def test_the_choices_are_bounded_least_recently_used_first_out(monkeypatch):
         assert [p.schedule for p in measured()] == ["2 steps", "3 steps"]
 
 
+@pytest.mark.parametrize("op", ["sequence_forward", "sequence_inference"])
+def test_opcheck_while_measuring(op):
+    # Measuring runs the op many times: it must still mutate none of its
+    # inputs and match its schema, fake kernel and autograd registration.
+    args = forward_args(STEPS, BATCH, STATE, packed=True, reverse=True)
+    for t in args[:5]:
+        t.requires_grad_()
+    with measuring():
+        torch.library.opcheck(getattr(torch.ops.lltm, op).default, tuple(args))
+        assert measured()
+
+
 def test_each_schedule_is_a_kind_of_its_own():
     # A padded batch runs the same launches either way; a packed one's
     # schedule, direction included, is its own kind.
