@@ -278,6 +278,7 @@ def cuda_variant() -> dict:
             "csrc/cuda/lltm_cuda_sequence_forward.cu",
             "csrc/cuda/lltm_cuda_sequence_backward.cu",
             "csrc/cuda/lltm_cuda_persistent_planning.cu",
+            "csrc/cuda/lltm_cuda_persistent_measuring.cu",
             "csrc/cuda/lltm_cuda_persistent_launch.cu",
             "csrc/cuda/lltm_cuda_persistent_forward_entry.cu",
             "csrc/cuda/lltm_cuda_persistent_backward_entry.cu",

@@ -9,6 +9,7 @@
 
 #include "../lltm_library.h"
 #include "lltm_cuda_device.h"
+#include "lltm_cuda_persistent_measuring.h"
 #include "lltm_cuda_runtime.h"
 
 #ifndef LLTM_VERSION
@@ -49,4 +50,16 @@ LLTM_EXPORT int lltm_cuda_sequence_path(int device, int element_size, long long 
                                         long long state, char* out, std::size_t size) {
   return lltm::report([=] { return lltm::cuda::sequence_path(device, element_size, batch, state); },
                       out, size);
+}
+
+// torch.backends.cudnn.benchmark, as lltm's Python side sees it (it calls
+// this when the value changes): set, sequence calls measure their plans
+// (lltm_cuda_persistent_measuring.h).
+LLTM_EXPORT void lltm_cuda_set_measuring(int on) { lltm::cuda::set_measuring(on != 0); }
+
+// The measured plans remembered, most recently used first: tab-separated
+// lines, "plan ..." each followed by its "candidate ..." lines
+// (lltm_cuda_persistent_measuring.h).
+LLTM_EXPORT int lltm_cuda_measured_plans(char* out, std::size_t size) {
+  return lltm::report([] { return lltm::cuda::measured_plans_text(); }, out, size);
 }

@@ -32,6 +32,7 @@
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_persistent.cuh"
 #include "lltm_cuda_persistent.h"
+#include "lltm_cuda_persistent_measuring.h"
 #include "lltm_cuda_persistent_plan.h"
 #include "lltm_cuda_runtime.h"
 
@@ -171,6 +172,8 @@ bool launch(Kernel kernel, const SequencePlan& plan, int groups, const Args& arg
   if (error == cudaSuccess) return true;
   if (may_refuse && launch_unavailable(error)) {
     forget_error(error);  // answered here: the per-step path runs instead
+    // A measured candidate's time would be the per-step path's.
+    imposed_launch_refused();
     return false;
   }
   fail_cuda("launching " + name, error);

@@ -4,6 +4,7 @@
 // lltm_cuda_persistent_plan.h, the plans remembered per device and size, and
 // the rule's answer as diagnostics show it.
 #include "lltm_cuda_persistent_launch.cuh"
+#include "lltm_cuda_persistent_measuring.h"
 
 namespace lltm::cuda {
 namespace {
@@ -100,6 +101,8 @@ DeviceLimits device_limits(int device) {
 // may ask it a few dozen times).
 SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch, int64_t state,
                       bool tf32) {
+  // A measured call (lltm_cuda_persistent_measuring.h) runs the plan it times.
+  if (const SequencePlan* imposed = imposed_plan(pass)) return *imposed;
   tf32 = tf32 && element_size == 4;  // other dtypes' plans are the same either way
   const ForcedPlan forced = forced_plan();
   if (!plan_reads_device(forced, element_size, batch, state)) {
@@ -139,6 +142,15 @@ SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t b
 bool tf32_products(bool allow_tf32, const Tensor& like) {
   return allow_tf32 && like.scalar_type() == torch::headeronly::ScalarType::Float &&
          device_limits(like.get_device_index()).major >= 8;
+}
+
+bool plans_measurable() { return persistent_enabled() && !forced_plan().forced(); }
+
+SequencePlan plan_with(SequencePass pass, int device, int element_size, int64_t batch,
+                       int64_t state, const ForcedPlan& forced, bool tf32) {
+  return plan_sequence(pass, element_size, batch, state, device_limits(device),
+                       KernelOccupancy(device, element_size), true, forced,
+                       tf32 && element_size == 4);
 }
 
 std::string sequence_path(int device, int element_size, int64_t batch, int64_t state) {

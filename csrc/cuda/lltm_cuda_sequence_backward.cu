@@ -28,6 +28,7 @@
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_persistent.h"
+#include "lltm_cuda_persistent_measuring.h"
 #include "lltm_cuda_pointwise.cuh"
 #include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
@@ -178,6 +179,26 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
   return result;
 }
 
+// backward_through_time under the plan measured for such a call where
+// torch.backends.cudnn.benchmark is set (lltm_cuda_persistent_measuring.h):
+// each run allocates its own gradients, so the candidates' runs leave
+// nothing behind in what the call returns.
+ThroughTime measured_through_time(const SequenceSizes& n, const Schedule& schedule,
+                                  const std::optional<Tensor>& grad_output,
+                                  const std::optional<Tensor>& grad_h_n,
+                                  const std::optional<Tensor>& grad_c_n, const Tensor& gates,
+                                  const Tensor& cells, const Tensor& input, const Tensor& weights,
+                                  bool want_bias, bool want_old_h, bool allow_tf32) {
+  const auto run = [&] {
+    return backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
+                                 weights, want_bias, want_old_h, allow_tf32);
+  };
+  if (!measuring()) return run();
+  return with_measured_plan(
+      measured_call(MeasuredPass::kBackward, input, n, schedule, tf32_products(allow_tf32, input)),
+      run);
+}
+
 using Grads = std::tuple<std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
                          std::optional<Tensor>, std::optional<Tensor>>;
 
@@ -193,7 +214,7 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   const DeviceGuard guard(input.get_device_index());
   const int64_t S = n.state;
   ThroughTime through_time =
-      backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
+      measured_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
                             weights, want.bias, want.old_h, allow_tf32);
   const Tensor& d_gates = through_time.d_gate_rows;
 
@@ -224,7 +245,7 @@ std::tuple<Tensor, Tensor, Tensor> sequence_gate_grads(std::optional<Tensor> gra
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const DeviceGuard guard(input.get_device_index());
   ThroughTime through_time =
-      backward_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
+      measured_through_time(n, schedule, grad_output, grad_h_n, grad_c_n, gates, cells, input,
                             weights, /*want_bias=*/false, /*want_old_h=*/true, allow_tf32);
   return {through_time.d_gates, through_time.grad_h, through_time.grad_c};
 }

@@ -27,6 +27,7 @@
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_persistent.h"
+#include "lltm_cuda_persistent_measuring.h"
 #include "lltm_cuda_pointwise.cuh"
 #include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
@@ -252,10 +253,31 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
   return {output, h_n, c_n, gates, cells};
 }
 
+// forward_sequence under the plan measured for such a call where
+// torch.backends.cudnn.benchmark is set (lltm_cuda_persistent_measuring.h):
+// each run allocates its own results, c_n included, so the candidates' runs
+// leave nothing behind in what the call returns.
+ForwardResults measured_forward(const Tensor& input, const Tensor& weights,
+                                const std::optional<Tensor>& bias, const Tensor& old_h,
+                                const Tensor& old_cell, const std::optional<Tensor>& batch_sizes,
+                                bool reverse, bool training, bool allow_tf32) {
+  const auto run = [&] {
+    return forward_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse, training,
+                            allow_tf32);
+  };
+  if (!measuring()) return run();
+  const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
+  const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
+  const DeviceGuard guard(input.get_device_index());
+  const MeasuredPass pass = training ? MeasuredPass::kForward : MeasuredPass::kInference;
+  return with_measured_plan(
+      measured_call(pass, input, n, schedule, tf32_products(allow_tf32, input)), run);
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward(
     Tensor input, Tensor weights, std::optional<Tensor> bias, Tensor old_h, Tensor old_cell,
     std::optional<Tensor> batch_sizes, bool reverse, bool allow_tf32) {
-  ForwardResults r = forward_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
+  ForwardResults r = measured_forward(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
                                       /*training=*/true, allow_tf32);
   return {r.output, r.h_n, r.c_n, *r.gates, *r.cells};
 }
@@ -265,7 +287,7 @@ std::tuple<Tensor, Tensor, Tensor> sequence_inference(Tensor input, Tensor weigh
                                                       Tensor old_cell,
                                                       std::optional<Tensor> batch_sizes,
                                                       bool reverse, bool allow_tf32) {
-  ForwardResults r = forward_sequence(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
+  ForwardResults r = measured_forward(input, weights, bias, old_h, old_cell, batch_sizes, reverse,
                                       /*training=*/false, allow_tf32);
   return {r.output, r.h_n, r.c_n};
 }

@@ -251,6 +251,107 @@ def sequence_path(index: int, dtype: torch.dtype, batch: int, state: int) -> dic
     return dict(line.split(": ", 1) for line in text.splitlines())
 
 
+# torch.backends.cudnn.benchmark as last passed to the CUDA plugin, which
+# starts with it off. The plugin is a stable-ABI library that cannot ask
+# torch for it.
+_measuring = False
+
+
+def mirror_benchmark() -> None:
+    """Passes ``torch.backends.cudnn.benchmark`` to the CUDA plugin where it changed.
+
+    Set, the plugin's sequence ops time every plan that fits a new kind of
+    call on its GPU and keep the fastest (csrc/cuda/lltm_cuda_persistent_
+    measuring.h). Called for calls on CUDA tensors, outside torch.compile's
+    tracing (a compiled graph runs with the value last seen: it is a speed
+    hint, never a change of results): one read of torch's flag per call, one
+    C call when it changes. Without a loaded plugin, nothing is called.
+    """
+    global _measuring
+    on = bool(torch.backends.cudnn.benchmark)
+    if on is _measuring:
+        return
+    native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
+    setter: Callable[[bool], bool] | None = getattr(native, "set_measuring", None)
+    if setter is None:
+        return
+    setter(on)
+    _measuring = on
+
+
+@dataclass(frozen=True)
+class MeasuredPlan:
+    """A plan the CUDA plugin measured for one kind of sequence call, and its candidates."""
+
+    pass_: str
+    """``forward``, ``inference`` (no gates or cells kept) or ``backward``."""
+    dtype: str
+    tf32: bool
+    batch: int
+    state: int
+    schedule: str
+    """``50 steps``, or ``packed, 50 steps`` (``, reverse``)."""
+    chosen: str
+    candidates: tuple[tuple[str, float | None], ...]
+    """(plan, milliseconds; None where the GPU refused its launch), in the order timed."""
+
+    def render(self) -> str:
+        """Lines: the call and the plan chosen, then each candidate's time."""
+        precision = ", tf32" if self.tf32 else ""
+        lines = [
+            f"{self.pass_} {self.dtype}{precision} batch {self.batch} state {self.state} "
+            f"({self.schedule}): {self.chosen}"
+        ]
+        for plan, ms in self.candidates:
+            time = "refused by the GPU" if ms is None else f"{ms * 1000:.1f} us"
+            lines.append(f"  {time:>18}  {plan}")
+        return "\n".join(lines)
+
+
+def parse_measured_plans(text: str) -> list[MeasuredPlan]:
+    """The plugin's listing of measured plans (tab-separated lines) as MeasuredPlans."""
+    plans: list[MeasuredPlan] = []
+    head: list[str] | None = None
+    candidates: list[tuple[str, float | None]] = []
+
+    def close() -> None:
+        if head is not None:
+            pass_, dtype, tf32, batch, state, schedule, chosen = head
+            plans.append(
+                MeasuredPlan(
+                    pass_,
+                    dtype,
+                    tf32 == "1",
+                    int(batch),
+                    int(state),
+                    schedule,
+                    chosen,
+                    tuple(candidates),
+                )
+            )
+
+    for line in text.splitlines():
+        kind, *fields = line.split("\t")
+        if kind == "plan" and len(fields) == 7:
+            close()
+            head, candidates = fields, []
+        elif kind == "candidate" and len(fields) == 2 and head is not None:
+            ms, plan = fields
+            candidates.append((plan, None if ms == "refused" else float(ms)))
+    close()
+    return plans
+
+
+def measured_plans() -> list[MeasuredPlan]:
+    """The plans the CUDA plugin measured (``torch.backends.cudnn.benchmark``), most recent first.
+
+    Empty where the plugin is not loaded, predates measured plans or measured nothing yet.
+    """
+    native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
+    query: Callable[[], str] | None = getattr(native, "measured_plans", None)
+    return parse_measured_plans(query()) if query is not None else []
+
+
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
 

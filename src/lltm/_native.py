@@ -41,6 +41,9 @@ SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 # Room for a string a library writes into a caller's buffer: its longest, an
 # error message naming an environment variable's value, is far shorter.
 _BUFFER_SIZE = 4096
+# Room for the measured plans' listing: a few hundred plans, each with up to
+# two dozen candidates of a line each.
+_MEASURED_PLANS_SIZE = 4 << 20
 
 
 def library_file(package_dir: Path, name: str) -> Path:
@@ -99,17 +102,20 @@ class Library:
         value: bytes = self._function(name, ctypes.c_char_p)()
         return value.decode()
 
-    def reporter(self, name: str, *argtypes: Any) -> Callable[..., tuple[bool, str]]:
+    def reporter(
+        self, name: str, *argtypes: Any, size: int = _BUFFER_SIZE
+    ) -> Callable[..., tuple[bool, str]]:
         """A reporting C function as a Python function.
 
         ``int <prefix>_<name>(args..., char* out, size_t size)`` becomes a
-        function of args returning (succeeded, text).
+        function of args returning (succeeded, text), text of at most ``size``
+        - 1 bytes.
         """
         function = self._function(name, ctypes.c_int, *argtypes, ctypes.c_char_p, ctypes.c_size_t)
 
         def call(*args: object) -> tuple[bool, str]:
-            out = ctypes.create_string_buffer(_BUFFER_SIZE)
-            failed = function(*args, out, _BUFFER_SIZE)
+            out = ctypes.create_string_buffer(size)
+            failed = function(*args, out, size)
             return failed == 0, out.value.decode(errors="replace")
 
         return call
@@ -145,6 +151,17 @@ class CudaLibrary(Library):
             if hasattr(self._handle, f"{self._prefix}_sequence_path")
             else None
         )
+        # Absent from plugins built before measured plans.
+        self._set_measuring = (
+            self._function("set_measuring", None, ctypes.c_int)
+            if hasattr(self._handle, f"{self._prefix}_set_measuring")
+            else None
+        )
+        self._measured_plans = (
+            self.reporter("measured_plans", size=_MEASURED_PLANS_SIZE)
+            if hasattr(self._handle, f"{self._prefix}_measured_plans")
+            else None
+        )
 
     def kernel_image_problem(self, device: int) -> str:
         ok, text = self._kernel_image_problem(int(device))
@@ -163,6 +180,30 @@ class CudaLibrary(Library):
         if self._sequence_path is None:
             raise RuntimeError(f"{self.path} predates the persistent sequence kernels")
         ok, text = self._sequence_path(int(device), int(element_size), int(batch), int(state))
+        if not ok:
+            raise RuntimeError(text)
+        return text
+
+    def set_measuring(self, on: bool) -> bool:
+        """Whether sequence calls measure their plans (torch.backends.cudnn.benchmark).
+
+        False, and nothing set, where the plugin predates measured plans.
+        """
+        if self._set_measuring is None:
+            return False
+        self._set_measuring(1 if on else 0)
+        return True
+
+    def measured_plans(self) -> str:
+        """The measured plans remembered, most recently used first, as the plugin lists them.
+
+        Tab-separated lines (csrc/cuda/lltm_cuda_persistent_measuring.h):
+        ``plan``, then one ``candidate`` line per plan timed. "" where the
+        plugin predates measured plans.
+        """
+        if self._measured_plans is None:
+            return ""
+        ok, text = self._measured_plans()
         if not ok:
             raise RuntimeError(text)
         return text

@@ -7,6 +7,7 @@ into a bug report.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -179,6 +180,10 @@ def collect() -> dict[str, Any]:
         "cuda_sequence_paths": [_sequence_paths(i) for i in range(torch.cuda.device_count())]
         if cuda_ok
         else [],
+        # The plans this process measured (torch.backends.cudnn.benchmark),
+        # most recent first, each with its candidates' times in milliseconds
+        # (None: refused by the GPU); empty where nothing was measured.
+        "cuda_measured_plans": [dataclasses.asdict(p) for p in _backends.measured_plans()],
         # lltm's CMake package, for C++ programs (lltm.cmake_prefix_path).
         "cmake_prefix_path": cmake_prefix_path,
         **provenance(),
@@ -230,6 +235,14 @@ def render(info: dict[str, Any]) -> str:
         for size, path in paths.items():
             rows.append((f"sequence {size} cuda:{i}", f"forward {path['forward']}"))
             rows.append(("", f"backward {path['backward']}"))
+    for plan in info.get("cuda_measured_plans") or []:
+        first, *candidates = (
+            _backends.MeasuredPlan(**{**plan, "candidates": tuple(map(tuple, plan["candidates"]))})
+            .render()
+            .splitlines()
+        )
+        rows.append(("measured plan", first))
+        rows += [("", line) for line in candidates]
     rows += [("PROBLEM", problem) for problem in info["problems"]]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

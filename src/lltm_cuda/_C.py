@@ -45,3 +45,16 @@ def sequence_path(device: int, element_size: int, batch: int, state: int) -> str
     where the device cannot be queried.
     """
     return _library.sequence_path(device, element_size, batch, state)
+
+
+def set_measuring(on: bool) -> bool:
+    """Whether sequence calls measure their plans: torch.backends.cudnn.benchmark, mirrored.
+
+    lltm calls this when it sees the flag change (lltm/_backends.py).
+    """
+    return _library.set_measuring(on)
+
+
+def measured_plans() -> str:
+    """The measured plans remembered, as tab-separated lines (lltm/_backends.py formats them)."""
+    return _library.measured_plans()

@@ -19,7 +19,9 @@ plugin's own C functions (csrc/cuda/lltm_cuda_library_exports.cpp, read as the
 plugin's ``_C`` reads them) and a Python module, ``emulation``, the controls of
 the emulated GPU (an H100 until a test sets otherwise; ``reset()`` restores
 it), its schedules (``set_schedule``, ``drop_barrier``), the counts of the
-launches and torch shim calls the CUDA sources make (``calls()``) and the probes of
+launches and torch shim calls the CUDA sources make (``calls()``), the clock
+that CUDA events read (``set_costs``: microseconds per call, by name), whether
+a CUDA graph is being captured (``set_capturing``) and the probes of
 tests/test_cuda_host.py.
 
 :func:`routed` makes lltm's own ops run them: for its duration the CPU

@@ -215,7 +215,9 @@ def sequence_path(
     """How lltm's sequence op ran for ``impl`` on a GPU, or None (not such a case).
 
     The persistent kernels or the per-step path, as the CUDA plugin's rule
-    answers for that device (lltm._backends.sequence_path).
+    answers for that device (lltm._backends.sequence_path), or as it measured
+    them with ``torch.backends.cudnn.benchmark`` set (``measured: ...``, and
+    each pass's candidates with their times).
     """
     from .. import _backends
 
@@ -225,7 +227,18 @@ def sequence_path(
         forced = "per-step (LLTM_CUDA_PERSISTENT=0)"
         return {"forward": forced, "backward": forced}
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _backends.sequence_path(index, dtype, size.batch, size.state)
+    path = _backends.sequence_path(index, dtype, size.batch, size.state)
+    if path is None:
+        return None
+    # With torch.backends.cudnn.benchmark set, the plan the plugin measured
+    # for this size is the one taken (the first of a pass: the most recent).
+    name = str(dtype).removeprefix("torch.")
+    for plan in reversed(_backends.measured_plans()):
+        if (plan.dtype, plan.batch, plan.state) == (name, size.batch, size.state):
+            key = "backward" if plan.pass_ == "backward" else "forward"
+            path[key] = f"measured: {plan.chosen}"
+            path[f"{plan.pass_} candidates"] = plan.render()
+    return path
 
 
 # --- Command line ----------------------------------------------------------------
@@ -416,6 +429,13 @@ def parser() -> argparse.ArgumentParser:
         "on a CPU the growth of the peak resident set, on a GPU the allocator's peak "
         "(cells and sequences)",
     )
+    how.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="run with torch.backends.cudnn.benchmark = True: cuDNN times its algorithms "
+        "(nn.LSTM), and lltm's sequence op its plans on the GPU, keeping the fastest (the "
+        "path column then says measured)",
+    )
     how.add_argument("--seed", type=int, default=0)
     how.add_argument(
         "--scale",
@@ -483,7 +503,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``lltm bench`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parse(list(sys.argv[1:] if argv is None else argv))
-    results, env = run(args)
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = before or args.cudnn_benchmark
+    try:
+        results, env = run(args)
+    finally:
+        torch.backends.cudnn.benchmark = before
     if args.json:
         report.write_json(results, env, args.json)
     if not args.quiet and args.json != "-":

@@ -265,12 +265,17 @@ def peak_mib(r: Result) -> str:
 
 
 def short_path(path: dict[str, str]) -> str:
-    """A Result's path in a word per pass: clusters, cooperative or per-step."""
+    """A Result's path in a word per pass: clusters, cooperative or per-step.
+
+    ``measured`` follows the word where torch.backends.cudnn.benchmark chose it.
+    """
 
     def word(text: str) -> str:
+        measured = " measured" if text.startswith("measured: ") else ""
+        text = text.removeprefix("measured: ")
         if text.startswith("persistent"):
-            return "clusters" if "clusters" in text else "cooperative"
-        return "per-step"
+            return ("clusters" if "clusters" in text else "cooperative") + measured
+        return "per-step" + measured
 
     forward, backward = word(path.get("forward", "")), word(path.get("backward", ""))
     return forward if forward == backward else f"fwd {forward}, bwd {backward}"

@@ -172,8 +172,17 @@ def _eager_but_autocast(args: tuple[Any, ...]) -> bool:
 
 
 def _fused(input: Tensor) -> bool:
-    """Whether lltm's fused kernels serve ``input``'s device (else the composite kernel runs)."""
-    return not input.is_cuda or _backends.fused_kernels_run_on(input.get_device())
+    """Whether lltm's fused kernels serve ``input``'s device (else the composite kernel runs).
+
+    On a GPU, first passes ``torch.backends.cudnn.benchmark`` on to the CUDA
+    plugin where it changed (not while torch.compile traces: its graphs keep
+    the value last seen).
+    """
+    if not input.is_cuda:
+        return True
+    if not torch.compiler.is_compiling():
+        _backends.mirror_benchmark()
+    return _backends.fused_kernels_run_on(input.get_device())
 
 
 def _operator_or_composite(operator: Operator, args: tuple[Any, ...]) -> Any:

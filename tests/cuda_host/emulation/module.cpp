@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/lltm_cuda_launch.cuh"
@@ -367,6 +369,39 @@ PyObject* plan(PyObject*, PyObject* args) {
   return ok ? PyUnicode_FromString(text.c_str()) : nullptr;
 }
 
+// set_costs({name: microseconds}): what each call counted under that name
+// (calls()), or charged under a finer one ("cudaLaunchKernelEx/cooperative",
+// "cudaLaunchKernelEx/cluster"), adds to the emulated clock that CUDA events
+// read (runtime/calls.h); names left out take no time. Not a change of the
+// GPU: what the CUDA sources remember of it stays.
+PyObject* set_costs(PyObject*, PyObject* args) {
+  PyObject* costs = nullptr;
+  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &costs)) return nullptr;
+  std::map<std::string, double> parsed;
+  PyObject *key = nullptr, *value = nullptr;
+  Py_ssize_t position = 0;
+  while (PyDict_Next(costs, &position, &key, &value)) {
+    const char* name = PyUnicode_AsUTF8(key);
+    const double us = PyFloat_AsDouble(value);
+    if (name == nullptr || PyErr_Occurred()) return nullptr;
+    parsed[name] = us;
+  }
+  host::set_costs(std::move(parsed));
+  Py_RETURN_NONE;
+}
+
+// clock() -> microseconds on the emulated clock so far.
+PyObject* clock(PyObject*, PyObject*) { return PyFloat_FromDouble(host::clock_us()); }
+
+// set_capturing(on): whether torch's current streams are being captured
+// into a CUDA graph (cudaStreamIsCapturing). Not a change of the GPU.
+PyObject* set_capturing(PyObject*, PyObject* args) {
+  int on = 0;
+  if (!PyArg_ParseTuple(args, "p", &on)) return nullptr;
+  host::gpu().capturing = on != 0;
+  Py_RETURN_NONE;
+}
+
 PyObject* launches(PyObject*, PyObject*) {
   return PyLong_FromLongLong(host::gpu().launches.load());
 }
@@ -499,6 +534,9 @@ PyMethodDef methods[] = {
     {"peek_last_error", peek_last_error, METH_NOARGS, "The calling thread's last error, kept."},
     {"launches", launches, METH_NOARGS, "Kernel launches run so far."},
     {"plan", plan, METH_VARARGS, "The plans of a call, described, with its TF32 setting."},
+    {"set_costs", set_costs, METH_VARARGS, "Microseconds each call takes on the clock."},
+    {"clock", clock, METH_NOARGS, "Microseconds on the emulated clock so far."},
+    {"set_capturing", set_capturing, METH_VARARGS, "Whether the streams are being captured."},
     {"calls", calls, METH_NOARGS, "Launches and torch shim calls run so far, by name."},
     {"instructions", instructions, METH_NOARGS,
      "Tensor-core instructions run so far (a warp's once), by name."},

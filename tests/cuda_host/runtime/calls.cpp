@@ -2,6 +2,7 @@
 #include "calls.h"
 
 #include <mutex>
+#include <utility>
 
 namespace lltm::cuda_host {
 namespace {
@@ -10,6 +11,8 @@ struct Counts {
   std::mutex mutex;
   std::map<std::string, int64_t> by_name;
   std::vector<Allocation> allocations;
+  std::map<std::string, double> costs;  // microseconds, by name
+  double clock = 0;
 };
 
 constexpr size_t kMaxAllocations = 65536;
@@ -25,6 +28,27 @@ void count_call(const std::string& name) {
   Counts& c = counts();
   const std::lock_guard<std::mutex> lock(c.mutex);
   ++c.by_name[name];
+  const auto cost = c.costs.find(name);
+  if (cost != c.costs.end()) c.clock += cost->second;
+}
+
+void charge(const std::string& name) {
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  const auto cost = c.costs.find(name);
+  if (cost != c.costs.end()) c.clock += cost->second;
+}
+
+double clock_us() {
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  return c.clock;
+}
+
+void set_costs(std::map<std::string, double> costs) {
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  c.costs = std::move(costs);
 }
 
 std::map<std::string, int64_t> calls() {

@@ -32,8 +32,19 @@
 
 namespace lltm::cuda_host {
 
-// One more call of `name` (calls.cpp; thread-safe).
+// One more call of `name` (calls.cpp; thread-safe); the clock below
+// advances by its cost.
 void count_call(const std::string& name);
+
+// The emulated GPU's clock, for the CUDA events that time work queued on a
+// stream (gpu.h): microseconds of work queued so far, which advance by the
+// cost a test sets per name (set_costs) at each call counted under that
+// name, and at each charge() of a name that is not counted (a finer name
+// for a launch: "cudaLaunchKernelEx/cooperative", "cudaLaunchKernelEx/cluster").
+// Names without a cost take no time; reset() clears the costs, not the clock.
+void charge(const std::string& name);
+double clock_us();
+void set_costs(std::map<std::string, double> costs);
 
 // Every name counted so far, with its count (never reset: tests take
 // differences).

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <thread>
 
 #include "calls.h"
@@ -78,6 +79,9 @@ struct Gpu {
   // context takes a while), for at most two seconds: `held` while it waits,
   // `timed_out` if the two seconds passed.
   std::atomic<bool> hold_load{false}, held{false}, timed_out{false};
+  // Whether torch's current streams are being captured into a CUDA graph
+  // (cudaStreamIsCapturing answers so), as under torch.cuda.graph().
+  std::atomic<bool> capturing{false};
 };
 
 inline Gpu& gpu() {
@@ -270,6 +274,71 @@ using DeviceGuard = ::lltm::cuda_host::DeviceGuard;
 // torch's C shim, as the CUDA sources call it: the current stream of the
 // emulated device (GEMMs run on the CPU, counted: calls.h).
 #define aoti_torch_get_current_cuda_stream ::lltm::cuda_host::current_cuda_stream
+
+// --- Stream capture and events ---------------------------------------------------------
+
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+
+inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  lltm::cuda_host::count_call("cudaStreamIsCapturing");
+  if (status == nullptr) return lltm::cuda_host::last_error = cudaErrorInvalidValue;
+  // The default stream is never captured here (torch captures its own).
+  *status = stream != nullptr && lltm::cuda_host::gpu().capturing.load()
+                ? cudaStreamCaptureStatusActive
+                : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+// An event holds the emulated clock (calls.h) as its stream had it when it
+// was recorded: work runs as it is queued here, so the time between two
+// events is the cost of what was queued between them.
+struct CUevent_st {
+  double recorded_us = -1;
+};
+using cudaEvent_t = CUevent_st*;
+
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  if (event == nullptr) return lltm::cuda_host::last_error = cudaErrorInvalidValue;
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
+  using namespace lltm::cuda_host;
+  count_call("cudaEventRecord");
+  if (event == nullptr) return last_error = cudaErrorInvalidValue;
+  if (stream != torch_stream(current_device)) {
+    fault("an event was recorded on another stream than torch's current stream of device " +
+          std::to_string(current_device));
+  }
+  event->recorded_us = clock_us();
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event == nullptr) return lltm::cuda_host::last_error = cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+// Milliseconds, as CUDA's; an event never recorded: cudaErrorInvalidValue
+// (CUDA's cudaErrorInvalidResourceHandle, not emulated).
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr || start->recorded_us < 0 ||
+      end->recorded_us < 0) {
+    return lltm::cuda_host::last_error = cudaErrorInvalidValue;
+  }
+  *ms = static_cast<float>((end->recorded_us - start->recorded_us) / 1000.0);
+  return cudaSuccess;
+}
 
 // CUDART_VERSION, for the module's cuda_version: no CUDA at all.
 #define CUDART_VERSION 0

@@ -171,6 +171,7 @@ cudaError_t launch_kernel_ex(const cudaLaunchConfig_t* config, const KernelCall&
   check_stream(config->stream);
   gpu().launches.fetch_add(1);
   count_call("cudaLaunchKernelEx");
+  charge(requested.clustered ? "cudaLaunchKernelEx/cluster" : "cudaLaunchKernelEx/cooperative");
   gridDim = config->gridDim;
   blockDim = config->blockDim;
   const FiberLaunch launch{config->gridDim, config->blockDim, requested.cluster,
@@ -236,6 +237,8 @@ void reset() {
   for (auto& created : g.contexts) created = false;
   g.hold_load = false;
   g.timed_out = false;
+  g.capturing = false;
+  set_costs({});
   {
     KernelTable& table = kernels();
     const std::lock_guard<std::mutex> lock(table.mutex);

@@ -31,7 +31,8 @@
 //   * the emulated GPU (gpu.h): an H100's attributes and
 //     limits, each settable from Python (emulation/module.cpp),
 //     devices, their primary contexts, injectable errors, the current
-//     stream;
+//     stream, whether it is being captured, and CUDA events, which read a
+//     clock advanced by the costs a test sets per call (calls.h);
 //   * torch's C shim as the CUDA sources call it (calls.h): the CUDA GEMM
 //     mapped to torch's CPU one, and every launch, allocation, view, GEMM
 //     and dispatcher call counted by name, for tests that count a call's
