@@ -391,6 +391,21 @@ def test_the_plan_says_tf32_tensor_cores(monkeypatch, setting, capability, says)
         assert "tensor cores" not in line, line
 
 
+@pytest.mark.parametrize(("capability", "says"), [((9, 0), True), ((7, 5), False)])
+def test_the_plugins_sequence_path_follows_the_tf32_setting(capability, says):
+    # What `lltm info` and the bench show: the plugin's own answer, with the
+    # call's allow_tf32 (lltm._backends passes torch's setting).
+    with emulated() as gpu:
+        gpu.set_capability(*capability)
+        plugin = cuda_host.modules()[0]
+        with_tf32 = plugin.sequence_path(-1, 4, 7, 17, True)
+        without = plugin.sequence_path(-1, 4, 7, 17, False)
+        default = plugin.sequence_path(-1, 4, 7, 17)
+    assert default == without
+    assert ("TF32 tensor cores" in with_tf32) == says, with_tf32
+    assert "tensor cores" not in without, without
+
+
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
 @pytest.mark.parametrize("where", ["weight", "h0"])
 def test_non_finite_values_as_on_the_cuda_cores(where, value):

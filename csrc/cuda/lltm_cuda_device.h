@@ -23,6 +23,6 @@ std::string kernel_image_problem(int device);
 // kernels' mode and split, or the per-step path and why. Queried on a
 // thread of its own, as kernel_image_problem, creating `device`'s context
 // only. Throws std::runtime_error where the device cannot be queried.
-std::string sequence_path(int device, int element_size, int64_t batch, int64_t state);
+std::string sequence_path(int device, int element_size, int64_t batch, int64_t state, bool tf32);
 
 }  // namespace lltm::cuda

@@ -44,12 +44,14 @@ LLTM_EXPORT int lltm_cuda_kernel_image_problem(int device, char* out, std::size_
 }
 
 // How a sequence call of `element_size`-byte elements (4: float32, 8:
-// float64, 2: 16-bit) with this batch and state runs on `device`: the
-// forward's path and the backward's, a line each (lltm_cuda_persistent_plan.h).
-LLTM_EXPORT int lltm_cuda_sequence_path(int device, int element_size, long long batch,
+// float64, 2: 16-bit) with this batch and state runs on `device`, its
+// allow_tf32 `tf32` (nonzero: TF32 allowed): the forward's path and the
+// backward's, a line each (lltm_cuda_persistent_plan.h).
+LLTM_EXPORT int lltm_cuda_sequence_path(int device, int element_size, int tf32, long long batch,
                                         long long state, char* out, std::size_t size) {
-  return lltm::report([=] { return lltm::cuda::sequence_path(device, element_size, batch, state); },
-                      out, size);
+  return lltm::report(
+      [=] { return lltm::cuda::sequence_path(device, element_size, batch, state, tf32 != 0); }, out,
+      size);
 }
 
 // torch.backends.cudnn.benchmark, as lltm's Python side sees it (it calls

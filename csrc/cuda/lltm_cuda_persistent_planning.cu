@@ -153,7 +153,7 @@ SequencePlan plan_with(SequencePass pass, int device, int element_size, int64_t 
                        tf32 && element_size == 4);
 }
 
-std::string sequence_path(int device, int element_size, int64_t batch, int64_t state) {
+std::string sequence_path(int device, int element_size, int64_t batch, int64_t state, bool tf32) {
   // On a thread of its own: the caller's current device and its contexts
   // stay as they are (see kernel_image_problem).
   std::string text, error;
@@ -163,12 +163,12 @@ std::string sequence_path(int device, int element_size, int64_t batch, int64_t s
         const cudaError_t selected = select_device(device);
         if (selected != cudaSuccess) fail_cuda("selecting the GPU", selected);
       }
+      // TF32 where the call allows it and the GPU has it (tf32_products).
+      tf32 = tf32 && device_limits(device).major >= 8;
       text = "forward: " +
-             describe(plan_for(SequencePass::kForward, device, element_size, batch, state,
-                               /*tf32=*/false)) +
+             describe(plan_for(SequencePass::kForward, device, element_size, batch, state, tf32)) +
              "\nbackward: " +
-             describe(plan_for(SequencePass::kBackward, device, element_size, batch, state,
-                               /*tf32=*/false));
+             describe(plan_for(SequencePass::kBackward, device, element_size, batch, state, tf32));
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -235,17 +235,19 @@ def sequence_path(index: int, dtype: torch.dtype, batch: int, state: int) -> dic
     ``{"forward": ..., "backward": ...}``: the persistent kernels' mode and
     split, or the per-step path and why (the rule of
     csrc/cuda/lltm_cuda_persistent_plan.h, as the plugin answers it for that
-    device now; ``LLTM_CUDA_PERSISTENT=0`` and a plan forced by ``LLTM_CUDA_PLAN``,
-    or why it gave way to the rule's, included). None where the plugin
+    device now, in float32 under torch's float32 matmul setting now, as a call
+    would pass it (ops/precision.py); ``LLTM_CUDA_PERSISTENT=0`` and a plan
+    forced by ``LLTM_CUDA_PLAN``, or why it gave way to the rule's, included). None where the plugin
     is not loaded or predates that rule. Creates that device's context.
     """
     native = sys.modules.get(f"{PLUGIN.module}._C") if PLUGIN.loaded else None
-    query: Callable[[int, int, int, int], str] | None = getattr(native, "sequence_path", None)
+    query: Callable[[int, int, int, int, bool], str] | None = getattr(native, "sequence_path", None)
     if query is None:
         return None
     element_size = torch.empty((), dtype=dtype).element_size()
+    tf32 = dtype == torch.float32 and _probes.cuda_matmul_allows_tf32()
     try:
-        text = query(index, element_size, batch, state)
+        text = query(index, element_size, batch, state, tf32)
     except RuntimeError as error:
         return {"forward": f"unknown ({error})", "backward": f"unknown ({error})"}
     return dict(line.split(": ", 1) for line in text.splitlines())

@@ -146,7 +146,12 @@ class CudaLibrary(Library):
         # Absent from plugins built before the persistent sequence kernels.
         self._sequence_path = (
             self.reporter(
-                "sequence_path", ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong
+                "sequence_path",
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_longlong,
+                ctypes.c_longlong,
             )
             if hasattr(self._handle, f"{self._prefix}_sequence_path")
             else None
@@ -169,17 +174,22 @@ class CudaLibrary(Library):
             raise RuntimeError(text)
         return text
 
-    def sequence_path(self, device: int, element_size: int, batch: int, state: int) -> str:
+    def sequence_path(
+        self, device: int, element_size: int, batch: int, state: int, tf32: bool = False
+    ) -> str:
         """How a sequence call runs on ``device``: the forward's path and the backward's.
 
         Two lines (``forward: ...``, ``backward: ...``): the persistent kernels'
         mode and split, or the per-step path and why (csrc/cuda/
         lltm_cuda_persistent_plan.h). ``element_size``: 4 for float32, 8 for
-        float64, 2 for 16-bit. RuntimeError where the device cannot be queried.
+        float64, 2 for 16-bit; ``tf32``: the call's ``allow_tf32``.
+        RuntimeError where the device cannot be queried.
         """
         if self._sequence_path is None:
             raise RuntimeError(f"{self.path} predates the persistent sequence kernels")
-        ok, text = self._sequence_path(int(device), int(element_size), int(batch), int(state))
+        ok, text = self._sequence_path(
+            int(device), int(element_size), int(bool(tf32)), int(batch), int(state)
+        )
         if not ok:
             raise RuntimeError(text)
         return text

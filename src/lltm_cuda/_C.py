@@ -37,14 +37,16 @@ def kernel_image_problem(device: int) -> str:
     return _library.kernel_image_problem(device)
 
 
-def sequence_path(device: int, element_size: int, batch: int, state: int) -> str:
+def sequence_path(
+    device: int, element_size: int, batch: int, state: int, tf32: bool = False
+) -> str:
     """How a sequence call runs on CUDA device ``device``: two lines, forward and backward.
 
     The persistent kernels' mode and split, or the per-step path and why.
-    ``element_size``: 4 for float32, 8 for float64, 2 for 16-bit. RuntimeError
-    where the device cannot be queried.
+    ``element_size``: 4 for float32, 8 for float64, 2 for 16-bit; ``tf32``:
+    the call's ``allow_tf32``. RuntimeError where the device cannot be queried.
     """
-    return _library.sequence_path(device, element_size, batch, state)
+    return _library.sequence_path(device, element_size, batch, state, tf32)
 
 
 def set_measuring(on: bool) -> bool:

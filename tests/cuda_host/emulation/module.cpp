@@ -20,8 +20,8 @@
 
 namespace lltm::cuda {
 // lltm_cuda_persistent_planning.cu: the plan of a call (read here for its
-// description with the call's TF32 setting, which the plugin's
-// sequence_path does not take).
+// description on the emulated GPU as it is set up, with the call's TF32
+// setting, without the device selection of the plugin's sequence_path).
 SequencePlan plan_for(SequencePass pass, int device, int element_size, int64_t batch, int64_t state,
                       bool tf32);
 }  // namespace lltm::cuda
