@@ -472,11 +472,13 @@ LSTM_BOUND_SIZES = [(50, 16, 32, 128), (50, 7, 13, 45)]
 
 
 @pytest.mark.parametrize("size", LSTM_BOUND_SIZES, ids=lambda s: "t{}-b{}-f{}-s{}".format(*s))
-def test_under_tf32_less_accurate_than_nn_lstm_at_50_steps(size):
+def test_under_tf32_within_ten_times_nn_lstms_error_at_50_steps(size):
     """lltm with TF32 allowed against nn.LSTM under cuDNN's default TF32,
     measured as the 16-bit bound is (tests/lstm_bound.py; nn.LSTM simulated):
-    at 50 steps lltm's error is the larger in every role. This asserts that,
-    role by role, so that a role where lltm catches up fails it and is seen.
+    at 50 steps lltm's error is the larger in every role, at most ten times
+    nn.LSTM's (docs/cuda.md, "float32 and TF32", says so). This holds both:
+    the gap it documents (a role where lltm catches up fails the first check
+    and is seen) and its ceiling.
 
     Measured (relative RMS error against float64, lltm / nn.LSTM):
     t50-b16-f32-s128: output 4.30e-4 / 2.72e-4, h_n 6.32e-4 / 2.90e-4,
@@ -509,6 +511,8 @@ def test_under_tf32_less_accurate_than_nn_lstm_at_50_steps(size):
     every_role = re.escape(f"less accurate than nn.LSTM in {sorted(lstm_bound.NAMES)}")
     with pytest.raises(AssertionError, match=every_role):
         lstm_bound.assert_no_less_accurate(ours, theirs)
+    ratios = {name: ours[name] / theirs[name] for name in lstm_bound.NAMES}
+    assert max(ratios.values()) <= 10.0, ratios
 
 
 def test_the_nn_lstm_simulation_is_nn_lstms_and_rounds():
