@@ -945,12 +945,17 @@ def test_command_line_entry_point():
 # --- benchmarks/render.py --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def render():
-    spec = importlib.util.spec_from_file_location("render", ROOT / "benchmarks" / "render.py")
+def _benchmark_script(name: str):
+    """benchmarks/<name>.py, imported as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def render():
+    return _benchmark_script("render")
 
 
 def test_render_reads_files_from_before_the_sequence_case(render, capsys):
@@ -1041,22 +1046,12 @@ def test_compiled_reference_runs(config, capsys):
 
 @pytest.fixture(scope="module")
 def speedup_map():
-    spec = importlib.util.spec_from_file_location(
-        "speedup_map", ROOT / "benchmarks" / "speedup_map.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _benchmark_script("speedup_map")
 
 
 @pytest.fixture(scope="module")
 def gpu_calibrate():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_calibrate", ROOT / "benchmarks" / "gpu_calibrate.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _benchmark_script("gpu_calibrate")
 
 
 def test_the_calibration_on_the_cpu(gpu_calibrate, tmp_path, capsys):

@@ -406,43 +406,34 @@ PyObject* launches(PyObject*, PyObject*) {
   return PyLong_FromLongLong(host::gpu().launches.load());
 }
 
+// {name: count} as a Python dict; null, with Python's error set, where
+// one cannot be made.
+PyObject* count_dict(const std::map<std::string, int64_t>& counts) {
+  PyObject* dict = PyDict_New();
+  if (dict == nullptr) return nullptr;
+  for (const auto& [name, count] : counts) {
+    PyObject* value = PyLong_FromLongLong(count);
+    if (value == nullptr || PyDict_SetItemString(dict, name.c_str(), value) < 0) {
+      Py_XDECREF(value);
+      Py_DECREF(dict);
+      return nullptr;
+    }
+    Py_DECREF(value);
+  }
+  return dict;
+}
+
 // calls() -> {name: count}: the kernel launches ("LLTM_LAUNCH",
 // "cudaLaunchKernelEx"), the queries of the GPU (cudaDeviceGetAttribute,
 // the occupancy calculator, cudaFuncSetAttribute, cudaFuncGetAttributes)
 // and the calls of torch's C shim that make work or tensors (allocations,
 // views, GEMMs, dispatcher operators by name) run so far (runtime/calls.h);
 // never reset: tests take differences.
-PyObject* calls(PyObject*, PyObject*) {
-  PyObject* counts = PyDict_New();
-  if (counts == nullptr) return nullptr;
-  for (const auto& [name, count] : host::calls()) {
-    PyObject* value = PyLong_FromLongLong(count);
-    if (value == nullptr || PyDict_SetItemString(counts, name.c_str(), value) < 0) {
-      Py_XDECREF(value);
-      Py_DECREF(counts);
-      return nullptr;
-    }
-    Py_DECREF(value);
-  }
-  return counts;
-}
+PyObject* calls(PyObject*, PyObject*) { return count_dict(host::calls()); }
 
 // instructions() -> {name: count}: the tensor-core instructions the kernels
 // ran so far, each warp's once (runtime/tensor_cores.h); never reset.
-PyObject* instructions(PyObject*, PyObject*) {
-  PyObject* counts = PyDict_New();
-  if (counts == nullptr) return nullptr;
-  for (const auto& [name, count] : host::instructions()) {
-    PyObject* value = PyLong_FromLongLong(count);
-    if (value == nullptr || PyDict_SetItemString(counts, name.c_str(), value) < 0) {
-      Py_XDECREF(value);
-      Py_DECREF(counts);
-      return nullptr;
-    }
-    Py_DECREF(value);
-  }
-  return counts;
-}
+PyObject* instructions(PyObject*, PyObject*) { return count_dict(host::instructions()); }
 
 // allocations() -> [(sizes, dtype)]: the tensors the CUDA sources allocated
 // through torch's C shim since the last call (runtime/calls.h), in order;
