@@ -351,13 +351,13 @@ __device__ __forceinline__ bool pair_is_active(const ThreadPairs& pairs, int j, 
 // shared memory, row gate * U + u (`pitch` apart) holding row
 // gate * S + first_unit + u of W_h: zero past the state and for units the
 // block does not have (the group's last block may have fewer), so that the
-// matvecs may read whole vectors. With `tf32` (float32's products in TF32)
-// rounded to TF32 as loaded: the tensor-core product reads them so every
-// step, and nothing else reads the slice.
+// matvecs may read whole vectors. (In TF32 the slice stays exact float32:
+// the tensor-core product splits it into its two TF32 terms as it reads it,
+// lltm_cuda_tensor_cores.cuh.)
 template <typename T>
 __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSlice& slice,
                                                   const T* weights, int64_t row_stride,
-                                                  int64_t column_stride, bool tf32) {
+                                                  int64_t column_stride) {
   const int count = 3 * slice.units_per_block * slice.pitch;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     const int row = i / slice.pitch;           // gate * U + unit
@@ -365,15 +365,11 @@ __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSl
     const int gate = row / slice.units_per_block;
     const int unit = row - gate * slice.units_per_block;
     const bool present = unit < slice.own_units && column < slice.state_size;
-    T value =
+    weight_slice[i] =
         present
             ? weights[(int64_t(gate) * slice.state_size + slice.first_unit + unit) * row_stride +
                       column * column_stride]
             : T(0);
-    if constexpr (std::is_same_v<T, float>) {
-      if (tf32) value = round_to_tf32(value);
-    }
-    weight_slice[i] = value;
   }
 }
 
@@ -388,14 +384,14 @@ __device__ __forceinline__ void load_weight_slice(T* weight_slice, const BlockSl
 template <bool kTensorCores, typename T>
 __device__ __forceinline__ const unsigned* load_weight_slice_flagged(
     T* weight_slice, const BlockSlice& slice, const SharedLayout& layout, const T* weights,
-    int64_t row_stride, int64_t column_stride, bool tf32) {
+    int64_t row_stride, int64_t column_stride) {
   unsigned* flag = nullptr;
   if constexpr (kTensorCores) {
     flag = reinterpret_cast<unsigned*>(dynamic_shared_memory() + layout.flags);
     if (threadIdx.x == 0) *flag = 0;
     __syncthreads();
   }
-  load_weight_slice(weight_slice, slice, weights, row_stride, column_stride, tf32);
+  load_weight_slice(weight_slice, slice, weights, row_stride, column_stride);
   if constexpr (kTensorCores) {
     const int count = 3 * slice.units_per_block * slice.pitch;
     bool finite = true;

@@ -440,9 +440,9 @@ __device__ __forceinline__ void run_forward(const ForwardArgs<T>& args) {
                   args.units_per_block, args.rows_per_group, args.pitch);
   const ForwardShared<T> shared = forward_shared<T>(args.layout, slice);
   constexpr bool kTensorCores = kTileRows == kTensorCoreTileRows;
-  const unsigned* non_finite_weights = load_weight_slice_flagged<kTensorCores>(
-      shared.weight_slice, slice, args.layout, args.weights, args.weights_row_stride,
-      args.weights_column_stride, kTf32Switch<T, kTileRows> && args.tf32);
+  const unsigned* non_finite_weights =
+      load_weight_slice_flagged<kTensorCores>(shared.weight_slice, slice, args.layout, args.weights,
+                                              args.weights_row_stride, args.weights_column_stride);
   load_initial_state<T, Exchange>(args, shared, slice);
   const ThreadPairs pairs = pairs_of_thread(slice);
   // h0 in h_exchange is every block's: the grid barrier.

@@ -28,18 +28,28 @@
 // (lltm_cuda_persistent.cuh, load_weight_slice_flagged).
 //
 // float32 in TF32 (the plan's tf32: float32 where torch allows TF32 for its
-// matrix products): W and X as float32 holding TF32 values, one term each,
-// mma.sync m16n8k8 .tf32 (warp_mma_m16n8k8_tf32) in float32 accumulators, as
-// cuBLAS's and cuDNN's TF32 run float32: a 10-bit significand for every
-// input of the product, float32 for its sums and everything else. W's slice
-// is rounded once, as the kernels load it into shared memory (it is the
-// same every step: rounding it per fragment would repeat the same cvt every
-// step); X changes every step and is rounded here, as its fragments are
-// loaded. No split into high and low terms: that would buy back the
-// accuracy TF32 gives up, at two or three times the instructions, which is
-// not what a caller who allows TF32 asks for.
-// Nothing to guard for non-finite values either: a single term carries inf
-// and NaN as the CUDA cores' product does (rounding keeps them).
+// matrix products): mma.sync m16n8k8 .tf32 (warp_mma_m16n8k8_tf32) in
+// float32 accumulators, with every float32 input split in two TF32 terms,
+// x = high + low (high = x rounded to TF32, low = the rest rounded to TF32:
+// x to about 22 significant bits), and each product of the tile taken as
+// three instructions, W_low X_high + W_high X_low + W_high X_high (the low
+// terms' product, 2**-22 of the whole, left out): "3xTF32". One term each
+// would be TF32 as cuBLAS and cuDNN run it, an error of up to 2**-11 in
+// every input, and the LLTM cell, without a forget gate, adds each step's
+// error to its cell state and keeps it: at 50 steps that made lltm 1.4 to
+// 9 times less accurate than nn.LSTM under cuDNN's one-term TF32, which its
+// forget gate damps (tests/test_cuda_tf32.py). With three terms the
+// products are as accurate as float32's, at three times the tensor cores'
+// instructions, still a fraction of what the CUDA cores take for the same
+// product. W stays exact float32 in shared memory and both operands are
+// split as their fragments are loaded (a cvt, a subtraction and a cvt).
+//
+// Non-finite values keep their meaning, as float32's product has it, with
+// no fallback: a non-finite x has a low term of zero (inf - inf is NaN),
+// and its high term meets the other operand's low term only as zero (the
+// high term where finite, else zero: finite_or_zero). So an infinite input
+// times a finite non-zero one is infinite, and NaN goes where float32's
+// product has it.
 //
 // Fragments, as the PTX ISA lays them out for m16n8k16 (lane = 4 group +
 // t): A's rows group and group + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9; B's
@@ -130,33 +140,49 @@ __device__ __forceinline__ uint32_t tf32_register(float x) {
   return bits;
 }
 
-// A lane's m16n8k8 .tf32 A fragment: W's tile at (m0, k0), W(m, k) =
-// w[m * m_stride + k * k_stride], already TF32 values; zero at m >= ms or
-// k >= inner.
-__device__ __forceinline__ void load_a_tf32(const float* w, int m_stride, int k_stride, int m0,
-                                            int k0, int ms, int inner, uint32_t (&fragment)[4]) {
+// x's TF32 terms as fragment registers: high = x rounded to TF32, low =
+// x - high rounded to TF32, zero where high is not finite.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& high, uint32_t& low) {
+  const float h = round_to_tf32(x);
+  high = tf32_register(h);
+  low = finite_value(h) ? tf32_register(round_to_tf32(x - h)) : 0u;
+}
+
+// A fragment register's TF32 value where finite, else zero: a high term as
+// the partner of the other operand's low term.
+__device__ __forceinline__ uint32_t finite_or_zero(uint32_t bits) {
+  return (bits & 0x7f800000u) == 0x7f800000u ? 0u : bits;
+}
+
+// A lane's m16n8k8 .tf32 A fragment of W's tile at (m0, k0), W(m, k) =
+// w[m * m_stride + k * k_stride] (float32), in its two TF32 terms; zero at
+// m >= ms or k >= inner.
+__device__ __forceinline__ void load_a_tf32_split(const float* w, int m_stride, int k_stride,
+                                                  int m0, int k0, int ms, int inner,
+                                                  uint32_t (&high)[4], uint32_t (&low)[4]) {
   const int lane = int(threadIdx.x % 32);
   const int group = lane / 4, t = lane % 4;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {  // register r: row + 8 for odd r, k + 4 from r = 2
     const int m = m0 + group + (r % 2) * 8;
     const int k = k0 + t + (r / 2) * 4;
-    fragment[r] = tf32_register(m < ms && k < inner ? w[m * m_stride + k * k_stride] : 0.0f);
+    split_tf32(m < ms && k < inner ? w[m * m_stride + k * k_stride] : 0.0f, high[r], low[r]);
   }
 }
 
-// A lane's m16n8k8 .tf32 B fragment: X's tile at (k0, n0), B(k, n) =
-// X(n, k) = x_at(n, k) rounded to TF32; zero at n >= ns or k >= inner
-// (x_at is not called there).
+// A lane's m16n8k8 .tf32 B fragment of X's tile at (k0, n0), B(k, n) =
+// X(n, k) = x_at(n, k), in its two TF32 terms; zero at n >= ns or
+// k >= inner (x_at is not called there).
 template <typename XAt>
-__device__ __forceinline__ void load_b_tf32(const XAt& x_at, int k0, int n0, int ns, int inner,
-                                            uint32_t (&fragment)[2]) {
+__device__ __forceinline__ void load_b_tf32_split(const XAt& x_at, int k0, int n0, int ns,
+                                                  int inner, uint32_t (&high)[2],
+                                                  uint32_t (&low)[2]) {
   const int lane = int(threadIdx.x % 32);
   const int n = n0 + lane / 4, t = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {  // register r: k + 4 for r = 1
     const int k = k0 + t + r * 4;
-    fragment[r] = tf32_register(n < ns && k < inner ? round_to_tf32(x_at(n, k)) : 0.0f);
+    split_tf32(n < ns && k < inner ? x_at(n, k) : 0.0f, high[r], low[r]);
   }
 }
 
@@ -214,7 +240,7 @@ __device__ __forceinline__ void tensor_core_product_16_bit(const T* w, int m_str
   }
 }
 
-// tensor_core_product in TF32: W float32 holding TF32 values.
+// tensor_core_product in TF32, three terms (above): W and X float32.
 template <typename XAt, typename Store>
 __device__ __forceinline__ void tensor_core_product_tf32(const float* w, int m_stride, int k_stride,
                                                          const XAt& x_at, int ms, int ns, int inner,
@@ -231,18 +257,27 @@ __device__ __forceinline__ void tensor_core_product_tf32(const float* w, int m_s
     const int n0 = (tile / m_tiles) * kTensorCoreTileRows;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int first = part; first < steps; first += kStepsInFlight * split) {
-      uint32_t b[kStepsInFlight][2];
+      uint32_t b_high[kStepsInFlight][2], b_low[kStepsInFlight][2];
 #pragma unroll
       for (int i = 0; i < kStepsInFlight; ++i) {
-        load_b_tf32(x_at, (first + i * split) * kTensorCoreInnerTf32, n0, ns, inner, b[i]);
+        load_b_tf32_split(x_at, (first + i * split) * kTensorCoreInnerTf32, n0, ns, inner,
+                          b_high[i], b_low[i]);
       }
 #pragma unroll
       for (int i = 0; i < kStepsInFlight; ++i) {
         const int step = first + i * split;  // the same in every lane
         if (step >= steps) break;
-        uint32_t a[4];
-        load_a_tf32(w, m_stride, k_stride, m0, step * kTensorCoreInnerTf32, ms, inner, a);
-        warp_mma_m16n8k8_tf32(d, a, b[i]);
+        uint32_t a_high[4], a_low[4];
+        load_a_tf32_split(w, m_stride, k_stride, m0, step * kTensorCoreInnerTf32, ms, inner, a_high,
+                          a_low);
+        // The low terms first: the smaller sums meet first.
+        const uint32_t b_partner[2] = {finite_or_zero(b_high[i][0]), finite_or_zero(b_high[i][1])};
+        uint32_t a_partner[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a_partner[r] = finite_or_zero(a_high[r]);
+        warp_mma_m16n8k8_tf32(d, a_low, b_partner);
+        warp_mma_m16n8k8_tf32(d, a_partner, b_low[i]);
+        warp_mma_m16n8k8_tf32(d, a_high, b_high[i]);
       }
     }
 #pragma unroll
@@ -263,8 +298,8 @@ __device__ __forceinline__ void tensor_core_product_tf32(const float* w, int m_s
 // called by the lane that holds it. Every thread of the block must call
 // this, the block's size a multiple of 32.
 //
-// T = float: the product in TF32 (above: W's elements TF32 values
-// already, X rounded here), the instructions' steps kTensorCoreInnerTf32 long.
+// T = float: the product in TF32 with three terms (above), the
+// instructions' steps kTensorCoreInnerTf32 long.
 template <typename T, typename XAt, typename Store>
 __device__ __forceinline__ void tensor_core_product(const T* w, int m_stride, int k_stride,
                                                     const XAt& x_at, int ms, int ns, int inner,
