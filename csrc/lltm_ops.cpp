@@ -37,9 +37,9 @@ LLTM_LIBRARY(m) {
   // The cell over a whole sequence (padded or packed), in one call.
   //
   // allow_tf32 (the sequence operators): float32's matrix products may run on
-  // TF32 tensor cores (inputs rounded to 10-bit mantissas, float32 sums and
-  // state), as torch's own float32 matrix products may under
-  // torch.set_float32_matmul_precision("high"). The library cannot ask torch
+  // TF32 tensor cores, as torch's own float32 matrix products may under
+  // torch.set_float32_matmul_precision("high") (CUDA: each input in two TF32
+  // terms, float32 sums and state: docs/cuda.md, "float32 and TF32"). The library cannot ask torch
   // for that setting, so the caller passes it (src/lltm/ops/precision.py),
   // and a graph compiled or exported under one setting keeps it. Backends
   // without TF32 (the CPU) compute exact float32 either way; other dtypes

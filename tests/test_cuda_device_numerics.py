@@ -15,7 +15,9 @@ only a device settles:
   tensor cores and, forced, on the CUDA cores, in both launch modes.
 
 And every plan LLTM_CUDA_PLAN can force is captured in a CUDA graph and
-replays as it runs eagerly.
+replays as it runs eagerly; float32 under TF32 ("high") is no less accurate
+than nn.LSTM under cuDNN's TF32, measured on the device against cuDNN
+itself (on the host cuDNN is simulated: tests/test_cuda_tf32.py).
 
 The GPU tests are marked ``cuda`` and skipped, with the reason, unless a
 CUDA device is present and lltm's CUDA kernels are loaded. The probe's own
@@ -31,6 +33,7 @@ import os
 from collections.abc import Iterator
 
 import cuda_host
+import lstm_bound
 import pytest
 import torch
 from conftest import rms
@@ -294,3 +297,28 @@ def test_every_forced_plan_is_captured_and_replays_as_eager(plan, dtype):
         # pick another algorithm for the weights' gradient under capture); a
         # replay of stale inputs or of another stream's work is off by O(1).
         assert rms(got.double() - want.double()) <= 8 * eps * scale, (plan, got.shape)
+
+
+# (steps, batch, features, state): tests/test_cuda_tf32.py's sizes against
+# nn.LSTM under TF32, the tutorial's and an odd one.
+TF32_LSTM_SIZES = [(50, 16, 32, 128), (50, 7, 13, 45)]
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("plan", [None, "cooperative", "cooperative-global-h", "per-step"],
+                         ids=["rule", "cooperative", "global-h", "per-step"])  # fmt: skip
+@pytest.mark.parametrize("size", TF32_LSTM_SIZES, ids=lambda s: "t{}-b{}-f{}-s{}".format(*s))
+def test_tf32_on_the_device_no_less_accurate_than_nn_lstm(plan, size):
+    """What tests/test_cuda_tf32.py holds on the emulated GPU against a
+    simulated cuDNN, on the device against cuDNN itself: under torch's
+    "high", lltm's float32 (3xTF32 tensor-core products, split cuBLAS GEMMs)
+    is no less accurate than nn.LSTM under cuDNN's default TF32, in every
+    role, at 50 steps (tests/lstm_bound.py's method)."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("no TF32 below compute capability 8.0")
+    assert torch.backends.cudnn.allow_tf32  # torch's default: nn.LSTM in TF32
+    theirs, _ = lstm_bound.lstm_errors(size, torch.float32, "cuda")
+    with forced(plan):
+        ours = lstm_bound.lltm_errors_tf32(size, "cuda")
+    lstm_bound.assert_no_less_accurate(ours, theirs)

@@ -5,41 +5,44 @@
   tensor_cores.h); the emulation's reading of an operand's low 13 bits
   (ignored); csrc/cuda's round_to_tf32 against a rounding written here.
 * The block product of the persistent kernels in TF32
-  (lltm_cuda_tensor_cores.cuh) at odd sizes: X rounded to TF32, float32 sums.
-* The sequence ops with allow_tf32: every plan (LLTM_CUDA_PLAN), forward and
-  backward, padded and packed, both directions, against the float64 oracle
-  within the TF32 bound (below); the tensor cores ran (the emulation counts
-  their instructions) and the results differ from exact float32; with
-  allow_tf32=False the bits are those of a call that never heard of it;
-  inf and NaN where exact float32 has them; below sm_80, and for other
+  (lltm_cuda_tensor_cores.cuh) at odd sizes: each input split in two TF32
+  terms, three instructions a tile and step, as accurate as float32's
+  product and far more than one term's; inf and NaN where float32's product
+  has them.
+* The sequence ops with allow_tf32 (and torch's setting "high", which the
+  emulated cuBLAS follows as cuBLAS does: tests/cuda_host/runtime/
+  cublas.cpp): every plan (LLTM_CUDA_PLAN), forward and backward, padded and
+  packed, both directions, against the float64 oracle within the bound
+  below; the tensor cores ran (the emulation counts their instructions);
+  with allow_tf32=False the bits are those of a call that never heard of
+  it; inf and NaN where exact float32 has them; below sm_80, and for other
   dtypes, nothing changes; the plan says "TF32 tensor cores".
 * lltm.LLTMSequence under torch's float32 matmul setting: TF32 under "high"
   (its backward too, whatever the setting when it runs), exact under
   "highest".
 * Against nn.LSTM under cuDNN's default TF32, simulated (tests/lstm_bound.py):
-  at 50 steps lltm's error is the larger in every role (below, with the
-  numbers); the simulation is nn.LSTM's and rounds.
+  at 50 steps lltm is no less accurate in any role; the simulation is
+  nn.LSTM's and rounds.
 
-The bound. TF32 keeps 10 bits of each input's significand (unit roundoff
-u = 2**-11), so a product of the recurrence reads each h and W_h element
-with a relative error of up to u, against float32's 2**-24. The reference
-for what that does to a whole sequence is the same recurrence computed in
-float64 with only those roundings made (tf32_oracle: h_prev and W_h rounded
-to TF32 before their product; in the backward the gate gradients and W_h
-before theirs, the weight gradient exact, as the host's GEMMs are): its
-relative RMS error against the exact float64 run is TF32's own error at that
-size, which the kernels must stay within (twice it: the kernels round the
-same quantities, but float32's own roundings, 2**13 times smaller, make the
-values rounded differ from the simulation's now and then; measured, the two
-errors agree within 2 % at these sizes, and 1.25 times it is the bound).
+The bound. Under TF32 every product but one takes its inputs in two TF32
+terms (three instructions, or three of cuBLAS's TF32 GEMMs: csrc/cuda/
+lltm_cuda_tf32_gemm.cuh), which reads each to about 22 significant bits: the
+results are float32's, within twice exact float32's error against float64
+(measured: 0.8 to 1.3 times). One term's error would be hundreds of times
+that (2**-11 an input against float32's 2**-24), so the bound fails for a
+product taken in one term. The one product left in one term is the weight
+gradient (cuBLAS's TF32 GEMM, as nn.LSTM's own): its reference is the
+float64 run with just that GEMM's inputs rounded to TF32 (_Tf32WeightGrad),
+whose error it stays within 1.25 times of (the values rounded differ from
+the simulation's by float32's roundings now and then; measured, within 2 %).
 
 Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import re
 import struct
 from collections.abc import Callable, Iterator
 
@@ -157,60 +160,90 @@ PRODUCT_SIZES = [(16, 8, 8, 1), (1, 1, 1, 1), (13, 5, 17, 1), (9, 17, 33, 2), (4
                  (96, 3, 128, 8), (17, 40, 5, 2)]  # fmt: skip
 
 
-@pytest.mark.parametrize("k_contiguous", [True, False], ids=["w_by_rows", "w_by_columns"])
-@pytest.mark.parametrize("size", PRODUCT_SIZES, ids=lambda s: "m{}-n{}-k{}-split{}".format(*s))
-def test_the_kernels_tf32_product(emulation, size, k_contiguous):
-    # lltm_cuda_tensor_cores.cuh's product as the persistent kernels call it
-    # in TF32: W already TF32 (the kernels round their slice of W_h as they
-    # load it), X float32, rounded as its fragments are read.
-    ms, ns, inner, split = size
-    generator = torch.Generator().manual_seed(ms * 1000 + ns * 10 + inner)
-    w = tf32(torch.randn(ms, inner, generator=generator))
-    x = torch.randn(ns, inner, generator=generator)
+def _product(emulation, w: torch.Tensor, x: torch.Tensor, split: int, k_contiguous: bool):
+    """lltm_cuda_tensor_cores.cuh's product W X^T in TF32 as the persistent
+    kernels call it, its parts summed in float64, and the instructions it took."""
+    (ms, inner), ns = w.shape, x.shape[0]
     w_layout = w if k_contiguous else w.T.contiguous()
+    before = emulation.instructions().get(MMA_TF32, 0)
     parts = torch.tensor(
         emulation.tensor_core_product_tf32(
             w_layout.flatten().tolist(), x.flatten().tolist(), ms, ns, inner, split, k_contiguous,
             128,
         )
     ).reshape(split, ms, ns)  # fmt: skip
-    got = parts.double().sum(0)
+    return parts.double().sum(0), emulation.instructions().get(MMA_TF32, 0) - before
+
+
+@pytest.mark.parametrize("k_contiguous", [True, False], ids=["w_by_rows", "w_by_columns"])
+@pytest.mark.parametrize("size", PRODUCT_SIZES, ids=lambda s: "m{}-n{}-k{}-split{}".format(*s))
+def test_the_kernels_tf32_product(emulation, size, k_contiguous):
+    # W and X float32, each split in two TF32 terms as its fragments are
+    # read, three instructions a 16 x 8 tile and step of 8.
+    ms, ns, inner, split = size
+    generator = torch.Generator().manual_seed(ms * 1000 + ns * 10 + inner)
+    w = torch.randn(ms, inner, generator=generator)
+    x = torch.randn(ns, inner, generator=generator)
+    got, instructions = _product(emulation, w, x, split, k_contiguous)
+    assert instructions == 3 * math.ceil(ms / 16) * math.ceil(ns / 8) * math.ceil(inner / 8)
+    exact = w.double() @ x.double().T
     scale = w.double().abs() @ x.double().abs().T
-    # The product of the rounded X, to float32's sums.
-    want = w.double() @ tf32(x).double().T
-    assert ((got - want).abs() / scale).max().item() < 1e-6
-    # X was rounded: against the exact X the error is TF32's (up to 2**-11
-    # of each input), where float32's would stay near 2**-24.
+    # float32's accuracy: its own product, summed in float32, is off by up
+    # to about inner * 2**-24 of the scale.
+    error = ((got - exact).abs() / scale).max().item()
+    assert error < inner * 2**-23, error
+    # One term (both operands rounded to TF32) is far off that.
     if inner >= 5:
-        exact = w.double() @ x.double().T
-        assert ((got - exact).abs() / scale).max().item() > 1e-5
+        one_term = tf32(w).double() @ tf32(x).double().T
+        assert ((one_term - exact).abs() / scale).max().item() > 30 * error
+
+
+@pytest.mark.parametrize("where", ["w", "x", "both"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_the_kernels_tf32_product_keeps_non_finite_values(emulation, where, value):
+    # An inf or NaN of W or X: the result is non-finite where, and as,
+    # float32's product makes it (the high term alone carries the value; its
+    # partner in the cross terms is zero there).
+    generator = torch.Generator().manual_seed(11)
+    w = torch.randn(13, 17, generator=generator)
+    x = torch.randn(5, 17, generator=generator)
+    if where in ("w", "both"):
+        w[3, 4] = value
+        w[7, 9] = 0.0
+    if where in ("x", "both"):
+        x[2, 9] = value
+        x[1, 4] = 1.0 + 2**-20  # a low term that is not zero
+    got, _ = _product(emulation, w, x, 1, True)
+    exact = w.double() @ x.double().T
+    assert torch.equal(nonfinite_pattern(got), nonfinite_pattern(exact))
+    assert not torch.isfinite(got).all()
+    finite = torch.isfinite(exact)
+    torch.testing.assert_close(got[finite], exact[finite], rtol=1e-5, atol=1e-5)
 
 
 # --- The sequence ops with allow_tf32 ----------------------------------------------------------
 
 
-class _Tf32Product(torch.autograd.Function):
-    """h_prev W_h^T with both rounded to TF32, in float64; its backward rounds
-    the gate gradients and W_h before their product (the gradient of h_prev),
-    and keeps the weight gradient exact: what the kernels round, and only
-    that."""
+class _Tf32WeightGrad(torch.autograd.Function):
+    """x @ w^T, exact in float64; in the backward the weight gradient as
+    cuBLAS's one-term TF32 GEMM takes it (grad and x rounded to TF32), the
+    gradient of x exact: the one product lltm leaves in one term under TF32."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, w_h: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(h, w_h)
-        return tf32(h) @ tf32(w_h).T
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x @ w.T
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h, w_h = ctx.saved_tensors
-        return tf32(grad) @ tf32(w_h), grad.T @ h
+        x, w = ctx.saved_tensors
+        return grad @ w, tf32(grad).T @ tf32(x)
 
 
 def _tf32_cell(input, weights, bias, old_h, old_cell):
-    """lltm.reference.lltm_cell with its recurrent product in TF32."""
-    state = old_h.shape[1]
-    pre = torch.nn.functional.linear(input, weights[:, state:], bias)
-    pre = pre + _Tf32Product.apply(old_h, weights[:, :state])
+    """lltm.reference.lltm_cell with its weight gradient as lltm takes it
+    under TF32."""
+    pre = _Tf32WeightGrad.apply(torch.cat([old_h, input], dim=1), weights) + bias
     input_gate, output_gate, candidate = pre.chunk(3, dim=1)
     new_cell = old_cell + torch.nn.functional.elu(candidate) * torch.sigmoid(input_gate)
     return torch.tanh(new_cell) * torch.sigmoid(output_gate), new_cell
@@ -230,18 +263,33 @@ def _float64_run(args: list, upstream: list, cell) -> list[torch.Tensor]:
 
 def _ops_run(args: list, allow_tf32: bool | None) -> list[torch.Tensor]:
     """sequence_forward, then sequence_backward of every input and
-    sequence_gate_grads, as lltm's ops run them (allow_tf32 None: left out);
+    sequence_gate_grads, as lltm's ops run them (allow_tf32 None: left out),
+    under torch's setting "high" where allow_tf32, else "highest";
     output, h_n, c_n, the five gradients, the gate gradients, and the
     upstream gradients."""
     flag = [] if allow_tf32 is None else [allow_tf32]
-    output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*args, *flag)
-    generator = torch.Generator().manual_seed(5)
-    upstream = [torch.randn(t.shape, generator=generator).to(t.dtype) for t in (output, h_n, c_n)]
-    x, w, _b, h, _c, batch_sizes, reverse = args
-    saved = [output, gates, cells, x, w, h, batch_sizes, reverse]
-    grads = torch.ops.lltm.sequence_backward(*upstream, *saved, [True] * 5, *flag)
-    gate_grads = torch.ops.lltm.sequence_gate_grads(*upstream, *saved, *flag)
+    with _torch_matmul_precision("high" if allow_tf32 else "highest"):
+        output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*args, *flag)
+        generator = torch.Generator().manual_seed(5)
+        upstream = [torch.randn(t.shape, generator=generator).to(t.dtype) for t in
+                    (output, h_n, c_n)]  # fmt: skip
+        x, w, _b, h, _c, batch_sizes, reverse = args
+        saved = [output, gates, cells, x, w, h, batch_sizes, reverse]
+        grads = torch.ops.lltm.sequence_backward(*upstream, *saved, [True] * 5, *flag)
+        gate_grads = torch.ops.lltm.sequence_gate_grads(*upstream, *saved, *flag)
     return [output, h_n, c_n, *grads, *gate_grads, cells, *upstream]
+
+
+@contextlib.contextmanager
+def _torch_matmul_precision(precision: str) -> Iterator[None]:
+    """torch's float32 matmul setting, which the emulated cuBLAS follows (as
+    lltm's Python layer passes it as allow_tf32), for the duration."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
 
 
 NAMES = ("output", "h_n", "c_n", *(f"grad_{n}" for n in ("input", "weights", "bias", "old_h",
@@ -258,18 +306,32 @@ def _relative_rms(got: torch.Tensor, exact: torch.Tensor) -> float:
     return ((got - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
 
 
-def _errors(args: list) -> dict[str, tuple[float, float, float]]:
+def _errors(args: list, got: list, exact32: list) -> dict[str, tuple[float, float, float]]:
     """By NAMES: the relative RMS errors against float64 of lltm's ops with
-    allow_tf32, of the TF32 simulation, of lltm's ops without it."""
-    got = _ops_run(args, True)
-    exact32 = _ops_run(args, False)
+    allow_tf32 (got), of exact float32 (exact32), and of the float64 run
+    with the weight gradient's GEMM in one TF32 term (_tf32_cell)."""
     upstream = got[-3:]
     want = _float64_run(args, upstream, reference_cell)
     simulated = _float64_run(args, upstream, _tf32_cell)
     return {
-        name: (_relative_rms(g, w), _relative_rms(s, w), _relative_rms(e, w))
+        name: (_relative_rms(g, w), _relative_rms(e, w), _relative_rms(s, w))
         for name, g, e, w, s in zip(NAMES, got, exact32, want, simulated, strict=False)
     }
+
+
+def _assert_within_the_bound(errors: dict[str, tuple[float, float, float]]) -> None:
+    """The module docstring's bound: float32's accuracy in every role but
+    the weight gradient, which is within its one-term TF32 reference and
+    TF32 it is (hundreds of times float32's error: the emulated cuBLAS
+    rounded it, so it rounds any other product left in one term too)."""
+    table = ", ".join(f"{n} {g:.2e} (float32 {e:.2e}, one-term weight gradient {s:.2e})" for
+                      n, (g, e, s) in errors.items())  # fmt: skip
+    for name, (error, float32_error, simulated) in errors.items():
+        if name == "grad_weights":
+            assert error <= 1.25 * simulated, table
+            assert error > 100 * float32_error, table
+        else:
+            assert error <= 2 * float32_error, f"{name}: {table}"
 
 
 def test_the_tutorial_size_within_the_tf32_bound():
@@ -277,13 +339,12 @@ def test_the_tutorial_size_within_the_tf32_bound():
     # rule's plan on the emulated H100.
     args = forward_args(50, 16, 128, packed=False, reverse=False, dtype=torch.float32,
                         features=32)  # fmt: skip
-    with emulated():
-        errors = _errors(args)
-    table = ", ".join(f"{n} {g:.2e} (TF32 {s:.2e}, float32 {e:.2e})" for n, (g, s, e) in
-                      errors.items())  # fmt: skip
-    for name, (error, tf32_error, float32_error) in errors.items():
-        assert error <= 1.25 * tf32_error + 1e-6, f"{name}: {table}"
-        assert error > 8 * float32_error, f"{name}: {table}"
+    with emulated() as gpu:
+        before = gpu.instructions().get(MMA_TF32, 0)
+        got = _ops_run(args, True)
+        assert gpu.instructions().get(MMA_TF32, 0) > before
+        exact32 = _ops_run(args, False)
+    _assert_within_the_bound(_errors(args, got, exact32))
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
@@ -299,40 +360,72 @@ def test_allow_tf32_within_the_tf32_bound_on_every_plan(monkeypatch, plan, size,
         instructions = gpu.instructions().get(MMA_TF32, 0) - before
         exact32 = _ops_run(args, False)
         default = _ops_run(args, None)
-        inference = torch.ops.lltm.sequence_inference(*args, True)
+        with _torch_matmul_precision("high"):
+            inference = torch.ops.lltm.sequence_inference(*args, True)
     # The inference forward takes the same products.
     for a, b in zip(inference, got[:3], strict=True):
         assert torch.equal(a, b)
-    upstream = got[-3:]
-    want = _float64_run(args, upstream, reference_cell)
-    simulated = _float64_run(args, upstream, _tf32_cell)
     # The tensor cores ran where the plan takes them, and nowhere else.
     tensor_cores = plan not in ("cuda-cores", "per-step")
     assert (instructions > 0) == tensor_cores, instructions
     # allow_tf32=False is the call as it was: the bits of a call without it.
     for a, b in zip(exact32, default, strict=True):
         assert torch.equal(a, b)
-    # With cuda-cores forced the persistent products stay exact float32.
-    if plan == "cuda-cores":
-        for a, b in zip(got, exact32, strict=True):
-            assert torch.equal(a, b)
-        return
-    errors = {}
-    for name, g, e, w, s in zip(NAMES, got, exact32, want, simulated, strict=False):
-        errors[name] = (_relative_rms(g, w), _relative_rms(s, w), _relative_rms(e, w))
-    table = ", ".join(f"{n} {g:.2e} (TF32 {s:.2e}, float32 {e:.2e})" for n, (g, s, e) in
-                      errors.items())  # fmt: skip
-    for name, (error, tf32_error, _) in errors.items():
-        # Within TF32's own error at this size (the module's docstring).
-        assert error <= 1.25 * tf32_error + 1e-6, f"{name}: {table}"
-    # And TF32 it is: the output's error is TF32's, far above float32's.
-    assert errors["output"][0] > 8 * errors["output"][2], table
-    assert not torch.equal(got[0], exact32[0])
+    _assert_within_the_bound(_errors(args, got, exact32))
     # The gate gradients are those of the backward.
     d_gates, grad_h, grad_c = got[8:11]
     torch.testing.assert_close(grad_h, got[6], rtol=0, atol=0)
     torch.testing.assert_close(grad_c, got[7], rtol=0, atol=0)
     assert d_gates.shape[-1] == 3 * state
+
+
+# (steps, batch, state): the per-step path's products past lltm's own kernel
+# (lltm_cuda_recurrent.cuh: inner dimension at most 384), so that cuBLAS takes
+# them: the backward's (inner 3 * 129), and both passes' (inner 400 forward).
+CUBLAS_SIZES = [(3, 17, 129), (3, 3, 400)]
+GEMM = "aoti_torch_cuda_addmm_out"
+
+
+@pytest.mark.parametrize("size", CUBLAS_SIZES, ids=lambda s: "T{}-B{}-S{}".format(*s))
+def test_allow_tf32_on_the_per_step_paths_cublas_products(monkeypatch, size):
+    # The per-step path's recurrent products that go to cuBLAS are three
+    # TF32 GEMMs on the split operands (lltm_cuda_tf32_gemm.cuh), W_h split
+    # once a call: within the bound, where one term each would not be.
+    steps, batch, state = size
+    args = forward_args(steps, batch, state, packed=False, reverse=False, dtype=torch.float32)
+    monkeypatch.setenv("LLTM_CUDA_PLAN", "per-step")
+    with emulated() as gpu:
+        before = gpu.calls().get(GEMM, 0)
+        got = _ops_run(args, True)
+        tf32_gemms = gpu.calls().get(GEMM, 0) - before
+        before = gpu.calls().get(GEMM, 0)
+        exact32 = _ops_run(args, False)
+        exact_gemms = gpu.calls().get(GEMM, 0) - before
+    _assert_within_the_bound(_errors(args, got, exact32))
+    # Each GEMM but the weight gradient's becomes three.
+    forward_products = steps if state > 384 else 0
+    backward_products = 2 * steps  # sequence_backward's, then sequence_gate_grads'
+    split = 1 + forward_products + backward_products + 1  # projection, ..., grad_input
+    assert tf32_gemms - exact_gemms == 2 * split, (tf32_gemms, exact_gemms)
+
+
+def test_a_long_projection_is_split_in_chunks():
+    # The split GEMMs split their left operand a bounded number of rows at a
+    # time (lltm_cuda_tf32_gemm.cuh: 2**21 elements a term): 70 steps of
+    # 1000 rows of 32 features are two chunks of the input projection, three
+    # GEMMs each, and the forward is still float32's.
+    args = forward_args(70, 1000, 2, packed=False, reverse=False, dtype=torch.float32,
+                        features=32)  # fmt: skip
+    with emulated() as gpu:
+        before = gpu.calls().get(GEMM, 0)
+        with _torch_matmul_precision("high"):
+            got = torch.ops.lltm.sequence_forward(*args, True)
+        assert gpu.calls().get(GEMM, 0) - before == 2 * 3
+        exact32 = torch.ops.lltm.sequence_forward(*args, False)
+    x, w, b, h, c, batch_sizes, reverse = [a.double() if torch.is_tensor(a) else a for a in args]
+    want = sequence_oracle(x, w, b, h, c, batch_sizes, reverse, cell=reference_cell)
+    for g, e, exact in zip(got[:3], exact32[:3], want, strict=True):
+        assert _relative_rms(g, exact) <= 2 * _relative_rms(e, exact)
 
 
 def test_below_compute_capability_8_allow_tf32_changes_nothing():
@@ -404,14 +497,21 @@ def test_the_plugins_sequence_path_follows_the_tf32_setting(capability, says):
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
-@pytest.mark.parametrize("where", ["weight", "h0"])
+@pytest.mark.parametrize("where", ["recurrent_weight", "h0", "input_weight", "input"])
 def test_non_finite_values_as_on_the_cuda_cores(where, value):
-    # No fallback in TF32 (lltm_cuda_tensor_cores.cuh): a single term carries
-    # inf and NaN, so every result is non-finite where, and as, exact float32
-    # makes it.
+    # No fallback in TF32: in the kernels' products a non-finite value's
+    # high term alone carries it (lltm_cuda_tensor_cores.cuh), in the split
+    # GEMMs its low term (lltm_cuda_tf32_gemm.cuh), so every result is
+    # non-finite where, and as, exact float32 makes it: an inf or NaN of W_h
+    # or h0 (the recurrent products), of W_x or the input (the projection
+    # and the gradient of the input, through the split GEMMs).
     args = forward_args(4, 5, 17, packed=False, reverse=False, dtype=torch.float32)
-    if where == "weight":
-        args[1][7, 3] = value  # a recurrent weight: W_h's row 7, column 3
+    if where == "recurrent_weight":
+        args[1][7, 3] = value  # W_h's row 7, column 3
+    elif where == "input_weight":
+        args[1][30, 17 + 1] = value  # W_x's row 30, column 1
+    elif where == "input":
+        args[0][2, 3, 1] = value
     else:
         args[3][2, 5] = value
     with emulated() as gpu:
@@ -472,34 +572,21 @@ LSTM_BOUND_SIZES = [(50, 16, 32, 128), (50, 7, 13, 45)]
 
 
 @pytest.mark.parametrize("size", LSTM_BOUND_SIZES, ids=lambda s: "t{}-b{}-f{}-s{}".format(*s))
-def test_under_tf32_within_ten_times_nn_lstms_error_at_50_steps(size):
+def test_under_tf32_no_less_accurate_than_nn_lstm_at_50_steps(size):
     """lltm with TF32 allowed against nn.LSTM under cuDNN's default TF32,
     measured as the 16-bit bound is (tests/lstm_bound.py; nn.LSTM simulated):
-    at 50 steps lltm's error is the larger in every role, at most ten times
-    nn.LSTM's (docs/cuda.md, "float32 and TF32", says so). This holds both:
-    the gap it documents (a role where lltm catches up fails the first check
-    and is seen) and its ceiling.
+    at 50 steps lltm's error is at most nn.LSTM's in every role.
 
-    Measured (relative RMS error against float64, lltm / nn.LSTM):
-    t50-b16-f32-s128: output 4.30e-4 / 2.72e-4, h_n 6.32e-4 / 2.90e-4,
-    c_n 3.95e-4 / 2.85e-4, grad_input 9.93e-4 / 3.16e-4, grad_weights
-    1.00e-3 / 3.14e-4, grad_bias 1.17e-3 / 1.27e-4, grad_old_h 1.06e-3 /
-    3.58e-4, grad_old_cell 1.02e-3 / 1.36e-4 (1.4 to 9.2 times);
-    t50-b7-f13-s45: 1.3 to 7.4 times, grad_bias and grad_old_cell the most.
-
-    The cell's, not the kernels': they are at TF32's own error for the LLTM
-    recurrence (test_the_tutorial_size_within_the_tf32_bound), and in exact
-    float32 the two models' errors are alike (lltm's 0.6 to 4 times
-    nn.LSTM's here). The LLTM cell has no forget gate: its cell state adds
-    every step's rounding and keeps it, and in the backward the cell's
-    gradient reaches every earlier step undamped, where nn.LSTM's forget
-    gate (about 1/2 on average at these weights) damps both. So lltm's error
-    grows with the sequence and nn.LSTM's does not: at 10 steps, at the
-    tutorial's size, lltm's is below nn.LSTM's in five roles of eight
-    (0.5 to 0.6 times), above in grad_bias, grad_old_h and grad_old_cell
-    (1.2, 1.0, 1.2 times). Here lltm's input projection and weight gradients
-    are exact (the host's GEMMs; cuBLAS rounds them to TF32 on a GPU under
-    "high"), nn.LSTM's are TF32: the gap on a GPU is, if anything, larger.
+    Why it takes three terms: with one TF32 term a product, as cuDNN runs
+    nn.LSTM, lltm was 1.4 to 9.2 times less accurate than nn.LSTM here
+    (grad_bias and grad_old_cell the most). The LLTM cell has no forget
+    gate: its cell state adds every step's rounding and keeps it, and in the
+    backward the cell's gradient reaches every earlier step undamped, where
+    nn.LSTM's forget gate damps both. With the products that feed the
+    recurrence in two terms (the input projection, the recurrent products,
+    the gradient of the input), every role is at float32's error, a few
+    hundredths of nn.LSTM's or less; the weight gradient, in one term as
+    nn.LSTM's, 0.35 to 0.39 times nn.LSTM's (measured).
     """
     theirs = lstm_bound.lstm_errors_tf32(size)
     precision = torch.backends.cuda.matmul.fp32_precision
@@ -508,11 +595,10 @@ def test_under_tf32_within_ten_times_nn_lstms_error_at_50_steps(size):
         ours = lstm_bound.lltm_errors_tf32(size, "cpu")
         assert gpu.instructions().get(MMA_TF32, 0) > before  # TF32 it was
     assert torch.backends.cuda.matmul.fp32_precision == precision
-    every_role = re.escape(f"less accurate than nn.LSTM in {sorted(lstm_bound.NAMES)}")
-    with pytest.raises(AssertionError, match=every_role):
-        lstm_bound.assert_no_less_accurate(ours, theirs)
-    ratios = {name: ours[name] / theirs[name] for name in lstm_bound.NAMES}
-    assert max(ratios.values()) <= 10.0, ratios
+    lstm_bound.assert_no_less_accurate(ours, theirs)
+    # The weight gradient is TF32's (one term, the emulated cuBLAS's): the
+    # comparison is of TF32 with TF32.
+    assert ours["grad_weights"] > 0.1 * theirs["grad_weights"], ours
 
 
 def test_the_nn_lstm_simulation_is_nn_lstms_and_rounds():

@@ -25,23 +25,25 @@
 // (lltm_cuda_sequence_forward.cu).
 //
 // float32 in TF32 (`tf32`, tf32_products: the call allows it on a GPU that
-// has it): each input of a product rounded to TF32 as it is read, the sums
-// in float32, as the persistent kernels' tensor-core products compute in
-// TF32, so that the per-step path of such a call is TF32 too. Where these
-// products go to cuBLAS (torch's addmm), cuBLAS follows torch's own
-// setting (torch.backends.cuda.matmul) at the time of the call, the very
-// setting the Python layer reads for allow_tf32 in eager mode.
+// has it): this kernel runs on the CUDA cores, in float32, TF32 or not; the
+// products TF32 allows are as accurate as float32's (three TF32 terms:
+// lltm_cuda_tensor_cores.cuh), and so are this kernel's. Where the products
+// go to cuBLAS, in TF32 they are three of its TF32 GEMMs on each operand's
+// two terms (lltm_cuda_tf32_gemm.cuh), else one exact float32 GEMM: cuBLAS
+// follows torch's setting (torch.backends.cuda.matmul), which allow_tf32
+// follows too.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
+#include <optional>
 
 #include "../lltm_tensor.h"
 #include "lltm_cuda_launch.cuh"
 #include "lltm_cuda_runtime.h"
+#include "lltm_cuda_tf32_gemm.cuh"
 #include "lltm_cuda_torch_ops.cuh"
 
 namespace lltm::cuda {
@@ -58,19 +60,10 @@ constexpr int64_t kRecurrentProductThreads = 128;
 // out[i, j] = (accumulate ? out[i, j] : 0) + sum_k a[i, k] * b[k, j], rows of
 // each matrix ld* elements apart, columns adjacent. Grid-stride over the
 // output's elements; offsets are 64-bit.
-// With kTf32 (float only) each of a's and b's elements rounded to TF32.
-template <typename T, bool kTf32 = false>
+template <typename T>
 __global__ void recurrent_product_kernel(T* out, int64_t ldo, const T* a, int64_t lda, const T* b,
                                          int64_t ldb, int64_t rows, int64_t cols, int64_t inner,
                                          bool accumulate) {
-  static_assert(!kTf32 || std::is_same_v<T, float>, "TF32: float32 only");
-  const auto in = [](T v) {
-    if constexpr (kTf32) {
-      return round_to_tf32(v);
-    } else {
-      return v;
-    }
-  };
   const int64_t count = rows * cols;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += stride) {
@@ -82,12 +75,12 @@ __global__ void recurrent_product_kernel(T* out, int64_t ldo, const T* a, int64_
     T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int64_t k = 0;
     for (; k + 4 <= inner; k += 4) {
-      s0 += in(a_row[k]) * in(b_col[k * ldb]);
-      s1 += in(a_row[k + 1]) * in(b_col[(k + 1) * ldb]);
-      s2 += in(a_row[k + 2]) * in(b_col[(k + 2) * ldb]);
-      s3 += in(a_row[k + 3]) * in(b_col[(k + 3) * ldb]);
+      s0 += a_row[k] * b_col[k * ldb];
+      s1 += a_row[k + 1] * b_col[(k + 1) * ldb];
+      s2 += a_row[k + 2] * b_col[(k + 2) * ldb];
+      s3 += a_row[k + 3] * b_col[(k + 3) * ldb];
     }
-    for (; k < inner; ++k) s0 += in(a_row[k]) * in(b_col[k * ldb]);
+    for (; k < inner; ++k) s0 += a_row[k] * b_col[k * ldb];
     const T sum = (s0 + s1) + (s2 + s3);
     T* o = out + i * ldo + j;
     *o = accumulate ? *o + sum : sum;
@@ -101,44 +94,63 @@ inline bool own_recurrent_product(const Tensor& like, int64_t rows, int64_t cols
          rows * cols * inner <= kRecurrentProductMaxWork;
 }
 
-// out = (accumulate ? out : 0) + a @ b on the current stream: the kernel above
-// where own_recurrent_product says so and every matrix has adjacent columns
-// (`tf32`: float32 in TF32), else cuBLAS (torch's addmm, TF32 as torch's
-// setting says).
-inline void recurrent_product(Tensor& out, const Tensor& a, const Tensor& b, bool accumulate,
-                              bool tf32) {
-  const int64_t rows = a.size(0);
-  const int64_t inner = a.size(1);
-  const int64_t cols = b.size(1);
-  const bool adjacent_columns =
-      (inner <= 1 || a.stride(1) == 1) && (cols <= 1 || (b.stride(1) == 1 && out.stride(1) == 1));
-  if (!own_recurrent_product(a, rows, cols, inner) || !adjacent_columns) {
-    addmm_out(out, out, a, b, accumulate ? 1.0 : 0.0);
-    return;
+// A call's recurrent products, out = (accumulate ? out : 0) + a @ b, b the
+// same each step (W_h^T forward, W_h backward; (inner, cols)), a a step's
+// rows (at most `max_rows`), on the current stream: the kernel above where
+// own_recurrent_product says so and every matrix has adjacent columns, else
+// cuBLAS: with `tf32` (float32 in TF32) three TF32 GEMMs, b split once for
+// the call (Tf32Product), else torch's addmm.
+class RecurrentProduct {
+ public:
+  RecurrentProduct(const Tensor& b, int64_t max_rows, bool tf32)
+      : b_(b), max_rows_(max_rows), tf32_(tf32) {}
+
+  void operator()(Tensor& out, const Tensor& a, bool accumulate) {
+    const int64_t rows = a.size(0);
+    const int64_t inner = a.size(1);
+    const int64_t cols = b_.size(1);
+    const bool adjacent_columns = (inner <= 1 || a.stride(1) == 1) &&
+                                  (cols <= 1 || (b_.stride(1) == 1 && out.stride(1) == 1));
+    if (own_recurrent_product(a, rows, cols, inner) && adjacent_columns) {
+      own_kernel(out, a, accumulate);
+    } else if (tf32_) {
+      if (!split_) split_.emplace(b_, max_rows_);
+      split_->run(out, a, accumulate ? 1.0 : 0.0);
+    } else {
+      addmm_out(out, out, a, b_, accumulate ? 1.0 : 0.0);
+    }
   }
-  if (rows == 0 || cols == 0) return;
-  const int32_t device = out.get_device_index();
-  const cudaStream_t stream = current_stream(device);
-  const int64_t max_blocks =
-      std::max<int64_t>(1, multiprocessor_count(device)) * kMaxBlocksPerMultiprocessor;
-  const dim3 grid(
-      static_cast<unsigned>(std::min(ceil_div(rows * cols, kRecurrentProductThreads), max_blocks)));
-  const dim3 block(static_cast<unsigned>(kRecurrentProductThreads));
-  cudaError_t error;
-  if (a.scalar_type() == torch::headeronly::ScalarType::Double) {
-    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
-        out.mutable_data_ptr<double>(), out.stride(0), a.const_data_ptr<double>(), a.stride(0),
-        b.const_data_ptr<double>(), b.stride(0), rows, cols, inner, accumulate);
-  } else if (tf32) {
-    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float, true>)(
-        out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),
-        b.const_data_ptr<float>(), b.stride(0), rows, cols, inner, accumulate);
-  } else {
-    error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
-        out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),
-        b.const_data_ptr<float>(), b.stride(0), rows, cols, inner, accumulate);
+
+ private:
+  void own_kernel(Tensor& out, const Tensor& a, bool accumulate) const {
+    const int64_t rows = a.size(0);
+    const int64_t inner = a.size(1);
+    const int64_t cols = b_.size(1);
+    if (rows == 0 || cols == 0) return;
+    const int32_t device = out.get_device_index();
+    const cudaStream_t stream = current_stream(device);
+    const int64_t max_blocks =
+        std::max<int64_t>(1, multiprocessor_count(device)) * kMaxBlocksPerMultiprocessor;
+    const dim3 grid(static_cast<unsigned>(
+        std::min(ceil_div(rows * cols, kRecurrentProductThreads), max_blocks)));
+    const dim3 block(static_cast<unsigned>(kRecurrentProductThreads));
+    cudaError_t error;
+    if (a.scalar_type() == torch::headeronly::ScalarType::Double) {
+      error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<double>)(
+          out.mutable_data_ptr<double>(), out.stride(0), a.const_data_ptr<double>(), a.stride(0),
+          b_.const_data_ptr<double>(), b_.stride(0), rows, cols, inner, accumulate);
+    } else {
+      error = LLTM_LAUNCH(grid, block, stream, recurrent_product_kernel<float>)(
+          out.mutable_data_ptr<float>(), out.stride(0), a.const_data_ptr<float>(), a.stride(0),
+          b_.const_data_ptr<float>(), b_.stride(0), rows, cols, inner, accumulate);
+    }
+    check_launch("lltm recurrent_product_kernel", error);
   }
-  check_launch("lltm recurrent_product_kernel", error);
-}
+
+  Tensor b_;
+  int64_t max_rows_;
+  bool tf32_;
+  std::optional<Tf32Product> split_;
+};
 
 }  // namespace lltm::cuda

@@ -21,18 +21,11 @@
 #include <cstring>
 #include <utility>
 
+#include "lltm_cuda_tf32_bits.h"
+
 namespace lltm::cuda {
 // Devices whose answers are remembered (lltm_cuda_device_cache.h).
 constexpr int kDeviceSlots = 64;
-
-// The TF32 bits of a float32 x: its significand rounded to 10 bits, to
-// nearest with ties away from zero, as cvt.rna.tf32.f32 rounds (the device's
-// round_to_tf32 below), the 13 bits dropped left zero. Finite values past
-// TF32's largest round to infinity; infinities and NaN are kept as they are
-// (clearing a NaN's low bits could make it an infinity).
-constexpr uint32_t tf32_bits(uint32_t x) {
-  return (x & 0x7f800000u) == 0x7f800000u ? x : (x + 0x1000u) & 0xffffe000u;
-}
 }  // namespace lltm::cuda
 
 #ifdef LLTM_CUDA_HOST

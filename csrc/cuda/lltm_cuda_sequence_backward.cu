@@ -34,6 +34,7 @@
 #include "lltm_cuda_runtime.h"
 #include "lltm_cuda_sequence.cuh"
 #include "lltm_cuda_sequence_weights.cuh"
+#include "lltm_cuda_tf32_gemm.cuh"
 #include "lltm_cuda_torch_ops.cuh"
 
 namespace lltm::cuda {
@@ -89,8 +90,7 @@ void sequence_backward_pointwise(const Tensor& grad_h, const std::optional<Tenso
 // running gradients of the state after the first step run) and, when
 // wanted, grad_bias. Without want_old_h the first step's product with W_h,
 // which only gives grad_old_h, is skipped. `allow_tf32`: the products with
-// W_h in TF32 where tf32_products says so (the GEMMs of the weight and
-// input gradients are cuBLAS's, which follow torch's setting at the call).
+// W_h in TF32, three terms, where tf32_products says so.
 struct ThroughTime {
   Tensor d_gates, d_gate_rows, grad_h, grad_c;
   std::optional<Tensor> grad_bias;
@@ -136,7 +136,7 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
       fill_zeros(*to);
     }
   }
-  const Tensor w_h = column_block(weights, 0, S, false);
+  RecurrentProduct recurrent_product(column_block(weights, 0, S, false), n.batch, tf32);
   // 16-bit: each step's d_gates in float32 as well (a step's worth, reused),
   // added up for grad_bias by a product with a row of ones: bias_sums +=
   // ones[:size] @ d_gates_math[:size], in float32.
@@ -170,7 +170,7 @@ ThroughTime backward_through_time(const SequenceSizes& n, const Schedule& schedu
       addmm_out(*bias_sums, *bias_sums, column_block(*ones, 0, size, false),
                 row_block(*d_gates_math, 0, size), 1.0);
     }
-    if (k > 0 || want_old_h) recurrent_product(dh, dg, w_h, /*accumulate=*/false, tf32);
+    if (k > 0 || want_old_h) recurrent_product(dh, dg, /*accumulate=*/false);
   }
   if (want_bias) {
     result.grad_bias =
@@ -226,7 +226,15 @@ Grads sequence_backward(std::optional<Tensor> grad_output, std::optional<Tensor>
   if (want.input) {
     grad_input = new_sequence_tensor(input, n, n.features);
     Tensor rows = as_rows(*grad_input, n, n.features);
-    addmm_out(rows, rows, d_gates, column_block(weights, S, n.features, false), 0.0);
+    const Tensor w_x = column_block(weights, S, n.features, false);
+    // In TF32, three terms (lltm_cuda_tf32_gemm.cuh), as the forward's
+    // input projection: the gradient of the input is no less accurate than
+    // float32's either.
+    if (tf32_products(allow_tf32, input)) {
+      Tf32Product(w_x, n.rows).run(rows, d_gates, 0.0);
+    } else {
+      addmm_out(rows, rows, d_gates, w_x, 0.0);
+    }
   }
   return {grad_input, grad_weights, through_time.grad_bias,
           want.old_h ? std::optional<Tensor>(through_time.grad_h) : std::nullopt,

@@ -32,6 +32,7 @@
 #include "lltm_cuda_recurrent.cuh"
 #include "lltm_cuda_runtime.h"
 #include "lltm_cuda_sequence.cuh"
+#include "lltm_cuda_tf32_gemm.cuh"
 #include "lltm_cuda_torch_ops.cuh"
 
 namespace lltm::cuda {
@@ -104,9 +105,9 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
   const SequenceSizes n = check_sequence_args(input, weights, bias, old_h, old_cell, batch_sizes);
   const Schedule schedule(sequence_batch_sizes(batch_sizes, n), reverse);
   const DeviceGuard guard(input.get_device_index());
-  // The recurrent products in TF32 (float32 where the call allows it and the
-  // GPU has it), on whichever path runs them; the input projection's GEMM
-  // is cuBLAS's, which follows torch's setting at this call.
+  // The products in TF32, with three terms (float32 where the call allows it
+  // and the GPU has it), on whichever path runs them: the recurrent ones, and
+  // the input projection through cuBLAS (lltm_cuda_tf32_gemm.cuh).
   const bool tf32 = tf32_products(allow_tf32, input);
   const int64_t S = n.state;
   // In 16-bit each step runs as the cell does: [h_prev, x_t] and one GEMM
@@ -163,7 +164,12 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
     }
   } else {
     if (n.rows > 0 && S > 0) {
-      linear_out(*gates_rows, bias, x, transposed(column_block(weights, S, n.features, false)));
+      const Tensor w_x_transposed = transposed(column_block(weights, S, n.features, false));
+      if (tf32) {
+        Tf32Product(w_x_transposed, n.rows).run_linear(*gates_rows, x, bias);
+      } else {
+        linear_out(*gates_rows, bias, x, w_x_transposed);
+      }
     }
     if (persistent_sequence_forward(n, schedule, *gates, gates_out, output, cells_out, h_n, c_n,
                                     weights, h0, c0, tf32)) {
@@ -174,6 +180,7 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
       copy_into(w_h_rows, w_h_transposed);
     }
   }
+  RecurrentProduct recurrent_product(w_h_rows, n.batch, tf32);
   // Rows [first, first + count) of the gates of the step whose rows start
   // at `start`: in `gates`, or in 16-bit inference in step_scratch, at the
   // alignment (mod 256 bytes) they have in `gates`: torch picks cuBLAS's
@@ -206,7 +213,7 @@ ForwardResults forward_sequence(const Tensor& input, const Tensor& weights,
       previous_state_blocks(schedule, k, output_rows, h0,
                             [&](int64_t first, int64_t count, const Tensor& h_prev) {
                               Tensor g = step_gates(start, first, count);
-                              recurrent_product(g, h_prev, w_h_rows, /*accumulate=*/true, tf32);
+                              recurrent_product(g, h_prev, /*accumulate=*/true);
                             });
     }
     // The new cell: into `cells` (training), else over the running cell in

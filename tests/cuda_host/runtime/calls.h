@@ -65,6 +65,16 @@ void record_allocation(int64_t ndim, const int64_t* sizes, int32_t dtype);
 // that never reads it stays small).
 std::vector<Allocation> take_allocations();
 
+// The emulated cuBLAS's GEMM (cublas.cpp): torch's CPU addmm, its float32
+// operands rounded to TF32 first where torch's setting lets cuBLAS use TF32
+// (torch.backends.cuda.matmul) and the emulated GPU has it (compute
+// capability 8.0 on), as cuBLAS runs it there.
+AOTITorchError cublas_addmm_out(AtenTensorHandle out, AtenTensorHandle self, AtenTensorHandle mat1,
+                                AtenTensorHandle mat2, double beta, double alpha);
+
+// The emulated GPU's compute capability, major (gpu.h; launch.cpp).
+int capability_major();
+
 // The counting twins of the shim's functions.
 namespace counted {
 
@@ -88,11 +98,11 @@ inline AOTITorchError fill(AtenTensorHandle self, double value) {
   return ::aoti_torch_aten_fill__Scalar(self, value);
 }
 
-// The CUDA GEMM, run by torch's CPU one.
+// The CUDA GEMM, run by the emulated cuBLAS (cublas_addmm_out).
 inline AOTITorchError addmm_out(AtenTensorHandle out, AtenTensorHandle self, AtenTensorHandle mat1,
                                 AtenTensorHandle mat2, double beta, double alpha) {
   count_call("aoti_torch_cuda_addmm_out");
-  return ::aoti_torch_cpu_addmm_out(out, self, mat1, mat2, beta, alpha);
+  return cublas_addmm_out(out, self, mat1, mat2, beta, alpha);
 }
 
 inline AOTITorchError dispatcher_call(const char* op, const char* overload, StableIValue* stack,

@@ -215,6 +215,8 @@ cudaError_t occupancy_clusters(int* clusters, const void* func, const cudaLaunch
   return cudaSuccess;
 }
 
+int capability_major() { return gpu().capability_major.load(); }
+
 void reset() {
   Gpu& g = gpu();
   g.multiprocessors = H100::kMultiprocessors;
