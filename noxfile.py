@@ -240,13 +240,18 @@ SANITIZED_CUDA_HOST_TESTS = [
     "tests/test_cuda_persistent_forced.py",
     "tests/test_cuda_work.py",
     "tests/test_cuda_inference.py",
+    "tests/test_cuda_tf32.py",
     "tests/test_fuzz.py",
 ]
-# Left out there: the accuracy bound at the GPU sizes but the smallest
-# (tests/test_cuda_persistent_16_bit.py; an accuracy check, the same kernels
-# and code paths as the odd sizes), whose emulated tensor cores take minutes
-# under the sanitizers; nox -s cuda_host runs them.
-SANITIZE_DESELECT = "not (no_less_accurate_than_nn_lstm and (s256 or s512))"
+# Left out there: the accuracy bounds at the GPU sizes but the smallest
+# (tests/test_cuda_persistent_16_bit.py), and TF32's at the tutorial's size,
+# 50 steps (tests/test_cuda_tf32.py): accuracy checks of the same kernels and
+# code paths as the odd sizes, whose emulated tensor cores take minutes under
+# the sanitizers; nox -s cuda_host runs them.
+SANITIZE_DESELECT = (
+    "not (no_less_accurate_than_nn_lstm and (s256 or s512))"
+    " and not (tf32 and (tutorial_size or s128))"
+)
 # pytest as the sanitize session runs it: every report a sanitizer writes,
 # in any process of the run, printed whole into the log once pytest ends
 # (tools/sanitized_run.py), and the slowest tests and what a dying process
