@@ -16,7 +16,7 @@
   below; the tensor cores ran (the emulation counts their instructions);
   with allow_tf32=False the bits are those of a call that never heard of
   it; inf and NaN where exact float32 has them; below sm_80, and for other
-  dtypes, nothing changes; the plan says "TF32 tensor cores".
+  dtypes, nothing changes; the plan says "3xTF32 tensor cores".
 * lltm.LLTMSequence under torch's float32 matmul setting: TF32 under "high"
   (its backward too, whatever the setting when it runs), exact under
   "highest".
@@ -457,10 +457,10 @@ def test_allow_tf32_leaves_other_dtypes_alone(dtype):
 @pytest.mark.parametrize(
     ("setting", "capability", "says"),
     [
-        ("auto", (9, 0), "TF32 tensor cores"),
-        ("cooperative-global-h", (9, 0), "TF32 tensor cores"),
+        ("auto", (9, 0), "3xTF32 tensor cores"),
+        ("cooperative-global-h", (9, 0), "3xTF32 tensor cores"),
         ("cuda-cores", (9, 0), None),
-        ("auto", (8, 0), "TF32 tensor cores"),
+        ("auto", (8, 0), "3xTF32 tensor cores"),
         ("auto", (7, 5), None),
     ],
 )  # fmt: skip
@@ -492,7 +492,7 @@ def test_the_plugins_sequence_path_follows_the_tf32_setting(capability, says):
         without = plugin.sequence_path(-1, 4, 7, 17, False)
         default = plugin.sequence_path(-1, 4, 7, 17)
     assert default == without
-    assert ("TF32 tensor cores" in with_tf32) == says, with_tf32
+    assert ("3xTF32 tensor cores" in with_tf32) == says, with_tf32
     assert "tensor cores" not in without, without
 
 

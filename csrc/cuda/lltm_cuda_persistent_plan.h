@@ -603,7 +603,7 @@ inline std::string describe_plan(const SequencePlan& p) {
          count(p.units, "state unit", "state units") + ", " +
          count(p.group_rows, "batch row", "batch rows") + " a block), " +
          count(p.threads, "thread", "threads") + ", " + kib(p.shared_bytes) + " shared memory" +
-         (p.tile_rows == kTensorCoreTileRows ? (p.tf32 ? ", TF32 tensor cores" : ", tensor cores")
+         (p.tile_rows == kTensorCoreTileRows ? (p.tf32 ? ", 3xTF32 tensor cores" : ", tensor cores")
                                              : "") +
          (p.h_from_global ? ", h read from global memory" : "") +
          (p.waves > 1 ? ", " + std::to_string(p.waves) + " waves of " +

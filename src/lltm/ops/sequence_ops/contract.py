@@ -64,9 +64,10 @@ Args:
         ``batch_sizes[t]`` sequences.
     reverse: run the steps from last to first (the backward direction of a
         bidirectional layer).
-    allow_tf32: float32's matrix products may run on TF32 tensor cores
-        (inputs rounded to 10-bit mantissas, float32 sums and state), as
-        torch's own may under ``torch.set_float32_matmul_precision("high")``;
+    allow_tf32: float32's matrix products may run on TF32 tensor cores, as
+        torch's own may under ``torch.set_float32_matmul_precision("high")``
+        (CUDA: each input in two TF32 terms, float32's accuracy; the weight
+        gradient cuBLAS's one term);
         :func:`lltm.lltm_sequence` and :class:`lltm.LLTMSequence` pass torch's
         setting at call time. Kernels without TF32 (the CPU's) compute exact
         float32 either way; other dtypes ignore it.
