@@ -92,14 +92,22 @@ def lltm_errors_tf32(
     """lltm.lltm_sequence's relative errors in float32 with TF32 allowed, by
     NAMES: forward and backward under torch.set_float32_matmul_precision("high")
     (as users train with it set), torch's setting put back after."""
-    with _tf32_allowed():
+    with _matmul_precision("high"):
+        return _lltm_errors(size, torch.float32, device, seed, autocast=False)
+
+
+def lltm_errors_exact_float32(
+    size: tuple[int, int, int, int], device: str, seed: int = 0
+) -> dict[str, float]:
+    """lltm_errors_tf32's, under torch's "highest" (exact float32)."""
+    with _matmul_precision("highest"):
         return _lltm_errors(size, torch.float32, device, seed, autocast=False)
 
 
 @contextlib.contextmanager
-def _tf32_allowed() -> Iterator[None]:
+def _matmul_precision(precision: str) -> Iterator[None]:
     before = torch.backends.cuda.matmul.fp32_precision
-    torch.set_float32_matmul_precision("high")
+    torch.set_float32_matmul_precision(precision)
     try:
         yield
     finally:

@@ -321,4 +321,15 @@ def test_tf32_on_the_device_no_less_accurate_than_nn_lstm(plan, size):
     theirs, _ = lstm_bound.lstm_errors(size, torch.float32, "cuda")
     with forced(plan):
         ours = lstm_bound.lltm_errors_tf32(size, "cuda")
+        exact = lstm_bound.lltm_errors_exact_float32(size, "cuda")
     lstm_bound.assert_no_less_accurate(ours, theirs)
+    # And the emulation's bound (tests/test_cuda_tf32.py): float32's accuracy
+    # in every role but the weight gradient, which is cuBLAS's one TF32 term
+    # (so TF32 ran). Three times float32's error here, where the emulation
+    # holds twice: the device's float32 sums run in another order.
+    table = ", ".join(f"{n} {ours[n]:.2e} (float32 {exact[n]:.2e})" for n in lstm_bound.NAMES)
+    for name in lstm_bound.NAMES:
+        if name == "grad_weights":
+            assert ours[name] > 30 * exact[name], table
+        else:
+            assert ours[name] <= 3 * exact[name], f"{name}: {table}"

@@ -526,6 +526,24 @@ def test_non_finite_values_as_on_the_cuda_cores(where, value):
     assert not all(torch.isfinite(t).all() for t in got[:8])
 
 
+def test_an_infinite_input_meeting_an_infinite_weight_is_nan_in_the_split_gemms():
+    # The one case the split GEMMs do not carry as float32 does, as
+    # lltm_cuda_tf32_gemm.cuh and docs/cuda.md say: an infinite input and an
+    # infinite weight of the input projection that meet in one product give
+    # NaN where float32's product is infinite (each one's low term holds it,
+    # and meets the other's high term, zero).
+    args = forward_args(3, 2, 5, packed=False, reverse=False, dtype=torch.float32)
+    args[0][1, 0, 2] = math.inf  # step 1, row 0, feature 2
+    args[1][4, 5 + 2] = math.inf  # W_x's row 4 (the input gate's unit 4), feature 2
+    with emulated():
+        got = _ops_run(args, True)
+        exact32 = _ops_run(args, False)
+    # float32: the input gate's pre-activation is +inf, the gate 1, the
+    # step's h finite; here the pre-activation, and so that unit's h, NaN.
+    assert torch.isfinite(exact32[0][1, 0, 4])
+    assert torch.isnan(got[0][1, 0, 4])
+
+
 @pytest.fixture
 def matmul_precision() -> Iterator[Callable[[str], None]]:
     """Sets torch's float32 matmul precision; puts back what it was."""
