@@ -92,7 +92,7 @@ def lltm_errors_tf32(
     """lltm.lltm_sequence's relative errors in float32 with TF32 allowed, by
     NAMES: forward and backward under torch.set_float32_matmul_precision("high")
     (as users train with it set), torch's setting put back after."""
-    with _matmul_precision("high"):
+    with matmul_precision("high"):
         return _lltm_errors(size, torch.float32, device, seed, autocast=False)
 
 
@@ -100,12 +100,15 @@ def lltm_errors_exact_float32(
     size: tuple[int, int, int, int], device: str, seed: int = 0
 ) -> dict[str, float]:
     """lltm_errors_tf32's, under torch's "highest" (exact float32)."""
-    with _matmul_precision("highest"):
+    with matmul_precision("highest"):
         return _lltm_errors(size, torch.float32, device, seed, autocast=False)
 
 
 @contextlib.contextmanager
-def _matmul_precision(precision: str) -> Iterator[None]:
+def matmul_precision(precision: str) -> Iterator[None]:
+    """torch's float32 matmul setting (torch.set_float32_matmul_precision)
+    for the duration; on a GPU cuBLAS follows it, and so does the host
+    build's emulated one (tests/cuda_host/runtime/cublas.cpp)."""
     before = torch.backends.cuda.matmul.fp32_precision
     torch.set_float32_matmul_precision(precision)
     try:

@@ -41,7 +41,6 @@ Runs in ``nox -s cuda_host`` (LLTM_CUDA_HOST=1); skipped, saying so, elsewhere.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import struct
 from collections.abc import Callable, Iterator
@@ -268,7 +267,7 @@ def _ops_run(args: list, allow_tf32: bool | None) -> list[torch.Tensor]:
     output, h_n, c_n, the five gradients, the gate gradients, and the
     upstream gradients."""
     flag = [] if allow_tf32 is None else [allow_tf32]
-    with _torch_matmul_precision("high" if allow_tf32 else "highest"):
+    with lstm_bound.matmul_precision("high" if allow_tf32 else "highest"):
         output, h_n, c_n, gates, cells = torch.ops.lltm.sequence_forward(*args, *flag)
         generator = torch.Generator().manual_seed(5)
         upstream = [torch.randn(t.shape, generator=generator).to(t.dtype) for t in
@@ -278,18 +277,6 @@ def _ops_run(args: list, allow_tf32: bool | None) -> list[torch.Tensor]:
         grads = torch.ops.lltm.sequence_backward(*upstream, *saved, [True] * 5, *flag)
         gate_grads = torch.ops.lltm.sequence_gate_grads(*upstream, *saved, *flag)
     return [output, h_n, c_n, *grads, *gate_grads, cells, *upstream]
-
-
-@contextlib.contextmanager
-def _torch_matmul_precision(precision: str) -> Iterator[None]:
-    """torch's float32 matmul setting, which the emulated cuBLAS follows (as
-    lltm's Python layer passes it as allow_tf32), for the duration."""
-    before = torch.backends.cuda.matmul.fp32_precision
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.fp32_precision = before
 
 
 NAMES = ("output", "h_n", "c_n", *(f"grad_{n}" for n in ("input", "weights", "bias", "old_h",
@@ -360,7 +347,7 @@ def test_allow_tf32_within_the_tf32_bound_on_every_plan(monkeypatch, plan, size,
         instructions = gpu.instructions().get(MMA_TF32, 0) - before
         exact32 = _ops_run(args, False)
         default = _ops_run(args, None)
-        with _torch_matmul_precision("high"):
+        with lstm_bound.matmul_precision("high"):
             inference = torch.ops.lltm.sequence_inference(*args, True)
     # The inference forward takes the same products.
     for a, b in zip(inference, got[:3], strict=True):
@@ -418,7 +405,7 @@ def test_a_long_projection_is_split_in_chunks():
                         features=32)  # fmt: skip
     with emulated() as gpu:
         before = gpu.calls().get(GEMM, 0)
-        with _torch_matmul_precision("high"):
+        with lstm_bound.matmul_precision("high"):
             got = torch.ops.lltm.sequence_forward(*args, True)
         assert gpu.calls().get(GEMM, 0) - before == 2 * 3
         exact32 = torch.ops.lltm.sequence_forward(*args, False)
