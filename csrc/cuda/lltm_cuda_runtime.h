@@ -65,6 +65,8 @@ inline void warp_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint3
 inline void warp_mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   ::lltm::cuda_host::mma_m16n8k8_tf32(d, a, b);
 }
+// Whether v is finite (finite_value below).
+inline bool finite_value(float v) { return v - v == 0.0f; }
 // x rounded to TF32 (tf32_bits), a float32 whose low 13 bits are zero.
 inline float round_to_tf32(float x) {
   uint32_t bits;
@@ -225,6 +227,10 @@ __device__ __forceinline__ void warp_mma_m16n8k8_tf32(float (&d)[4], const uint3
   __trap();
 #endif
 }
+
+// Whether v is finite: v - v is 0 for every finite v and NaN for inf and
+// NaN (IEEE arithmetic; lltm is never built with fast-math).
+__device__ __forceinline__ bool finite_value(float v) { return v - v == 0.0f; }
 
 // x rounded to TF32 (tf32_bits): cvt.rna.tf32.f32 from sm_80 on, its 13
 // bits below TF32's cleared here rather than relied on, so that the value is

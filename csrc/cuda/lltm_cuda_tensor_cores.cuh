@@ -83,10 +83,6 @@ __device__ __forceinline__ uint32_t pack_pair(T first, T second) {
   return uint32_t(first.x) | (uint32_t(second.x) << 16);
 }
 
-// Whether v is finite: v - v is 0 for every finite v and NaN for inf and
-// NaN (IEEE arithmetic; lltm is never built with fast-math).
-__device__ __forceinline__ bool finite_value(float v) { return v - v == 0.0f; }
-
 // x - high in T, the low term of x = high + low; zero where high is not
 // finite.
 template <typename T>

@@ -63,7 +63,7 @@ __global__ void split_tf32_kernel(const T* __restrict__ m, int64_t rows, int64_t
   for_each_pack<1>(rows, cols, [&](int64_t r, int64_t j) {
     const float x = m[r * row_stride + j * column_stride];
     const float h = round_to_tf32(x);
-    const bool finite = h - h == 0.0f;  // IEEE: NaN for inf and NaN
+    const bool finite = finite_value(h);
     high[r * terms_row_stride + j] = finite ? h : 0.0f;
     low[r * terms_row_stride + j] = finite ? round_to_tf32(x - h) : x;
   });
